@@ -1,0 +1,230 @@
+"""Semantic rules a JSON Schema cannot express (SPEC 3.5): layout, files, pieces, coverage.
+
+Each check yields findings; the validator reports them all, the reader raises the first error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from .dtypes import DTYPES, byte_size, element_count
+from .errors import Finding
+from .limits import MANIFEST_NAME, MAX_NAME_BYTES, MAX_PATH_BYTES
+from .manifest import Alias, Manifest, Piece, TensorRecord
+
+__all__ = ["check_manifest", "path_problem"]
+
+
+def check_manifest(manifest: Manifest) -> Iterator[Finding]:
+    """Every semantic problem of a schema-valid manifest."""
+    yield from _check_layout(manifest)
+    yield from _check_files(manifest)
+    yield from _check_tensors(manifest)
+
+
+def _check_layout(m: Manifest) -> Iterator[Finding]:
+    layout = m.layout
+    if layout.world_size != layout.size:
+        yield Finding(
+            code="layout-world-size",
+            message=f"world_size is {layout.world_size} but tp_size x pp_size x ep_size "
+            f"is {layout.size}",
+            json_path="$.layout.world_size",
+        )
+    if len(m.ranks) != layout.world_size:
+        yield Finding(
+            code="layout-world-size",
+            message=f"{len(m.ranks)} rank records for a world size of {layout.world_size}",
+            json_path="$.ranks",
+        )
+    for index, record in enumerate(m.ranks):
+        where = f"$.ranks[{index}]"
+        if record.rank != index:
+            yield Finding(
+                code="layout-ranks",
+                message=f"ranks[{index}] is rank {record.rank}; ranks are listed in order "
+                "from 0, each once",
+                json_path=f"{where}.rank",
+            )
+            continue
+        sizes = {"tp_rank": layout.tp_size, "pp_rank": layout.pp_size, "ep_rank": layout.ep_size}
+        actual = {"tp_rank": record.tp_rank, "pp_rank": record.pp_rank, "ep_rank": record.ep_rank}
+        if layout.world_size == layout.size and actual != layout.coordinates(record.rank):
+            bad = [f"{k}={v} (size {sizes[k]})" for k, v in actual.items()]
+            yield Finding(
+                code="layout-rank-order",
+                message=f"rank {record.rank} has {', '.join(bad)} but rank order "
+                f"{layout.rank_order!r} gives {layout.coordinates(record.rank)}",
+                json_path=where,
+            )
+
+
+def path_problem(path: str) -> str | None:
+    """Why ``path`` is not an allowed relative path (SPEC 2.2), or None when it is."""
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        return f"longer than {MAX_PATH_BYTES} bytes"
+    if not path:
+        return "empty"
+    if path.startswith("/"):
+        return "absolute"
+    if "\\" in path or "\x00" in path:
+        return "contains a backslash or NUL"
+    for segment in path.split("/"):
+        if segment in ("", ".", ".."):
+            return f"has a {segment or 'empty'!r} segment"
+    return None
+
+
+def _check_files(m: Manifest) -> Iterator[Finding]:
+    seen: dict[str, str] = {}
+    listed = [
+        (f"$.ranks[{r.rank}].files[{i}]", f) for r in m.ranks for i, f in enumerate(r.files)
+    ] + [(f"$.extra_files[{i}]", f) for i, f in enumerate(m.extra_files)]
+    for where, record in listed:
+        problem = path_problem(record.path)
+        if problem:
+            yield Finding(code="path-unsafe", message=f"path is {problem}", file=record.path,
+                          json_path=f"{where}.path")
+        elif record.path == MANIFEST_NAME:
+            yield Finding(code="path-unsafe", message="the manifest cannot list itself",
+                          file=record.path, json_path=f"{where}.path")
+        if record.path in seen:
+            yield Finding(code="file-duplicate",
+                          message=f"listed again; first listed at {seen[record.path]}",
+                          file=record.path, json_path=where)
+        else:
+            seen[record.path] = where
+
+
+def _check_tensors(m: Manifest) -> Iterator[Finding]:
+    files_of_rank = {r.rank: {f.path for f in r.files} for r in m.ranks}
+    for name, record in m.tensors.items():
+        if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+            yield Finding(code="schema", message=f"name is longer than {MAX_NAME_BYTES} bytes",
+                          tensor=name[:64])
+        if isinstance(record, Alias):
+            target = m.tensors.get(record.alias_of)
+            if not isinstance(target, TensorRecord):
+                what = "an alias" if isinstance(target, Alias) else "not a tensor of the manifest"
+                yield Finding(code="alias-target", tensor=name,
+                              message=f"alias_of {record.alias_of!r}, which is {what}",
+                              json_path=f"$.tensors[{name!r}].alias_of")
+            continue
+        yield from _check_pieces(name, record, files_of_rank)
+
+
+def _check_pieces(
+    name: str, record: TensorRecord, files_of_rank: dict[int, set[str]]
+) -> Iterator[Finding]:
+    dtype = DTYPES[record.dtype]
+    shapes = [record.shape] if record.shape is not None else []
+    if record.logical is not None:
+        shapes.append(record.logical.shape)
+    for shape in shapes:
+        if element_count(shape) is None:
+            yield Finding(code="shape-overflow", tensor=name,
+                          message=f"shape {list(shape)} has 2^63 or more elements")
+    ranks_seen: set[int] = set()
+    in_bounds: list[Piece] = []
+    for index, piece in enumerate(record.pieces):
+        where = f"$.tensors[{name!r}].pieces[{index}]"
+        if piece.rank not in files_of_rank:
+            yield Finding(code="piece-rank", tensor=name, json_path=f"{where}.rank",
+                          message=f"rank {piece.rank} is not in the layout")
+            continue
+        if piece.file not in files_of_rank[piece.rank]:
+            yield Finding(code="file-rank", tensor=name, file=piece.file, json_path=f"{where}.file",
+                          message=f"the piece of rank {piece.rank} lies in a file rank "
+                          f"{piece.rank} does not own",
+                          hint="a rank's tensors live only in its own files (SPEC 6.1)")
+        if piece.rank in ranks_seen:
+            yield Finding(code="piece-duplicate", tensor=name, json_path=where,
+                          message=f"rank {piece.rank} holds more than one piece")
+        ranks_seen.add(piece.rank)
+        if byte_size(dtype, piece.shape) is None:
+            yield Finding(code="st-size", tensor=name, json_path=f"{where}.shape",
+                          message=f"a piece of shape {list(piece.shape)} in {dtype.name} does "
+                          "not fill whole bytes below 2^63")
+            continue
+        if record.shape is None:
+            continue
+        bounds = _bounds_problem(piece, record.shape)
+        if bounds:
+            yield Finding(code="piece-bounds", tensor=name, json_path=where, message=bounds)
+        else:
+            in_bounds.append(piece)
+    if record.shape is not None and element_count(record.shape) is not None:
+        yield from _check_coverage(name, record.shape, in_bounds)
+
+
+def _bounds_problem(piece: Piece, shape: tuple[int, ...]) -> str | None:
+    offset = piece.offset or ()
+    if not (len(offset) == len(piece.shape) == len(shape)):
+        return (f"offset {list(offset)} and shape {list(piece.shape)} must each have "
+                f"{len(shape)} dimensions like the tensor's shape {list(shape)}")
+    for dim, (start, size, total) in enumerate(zip(offset, piece.shape, shape, strict=True)):
+        if start + size > total:
+            return (f"dimension {dim}: offset {start} + size {size} passes the tensor's "
+                    f"size {total}")
+    return None
+
+
+def _volume(shape: Iterable[int]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def _check_coverage(name: str, shape: tuple[int, ...], pieces: list[Piece]) -> Iterator[Finding]:
+    """SPEC 7.3 and 7.4: replica-0 pieces cover every element once; replicas copy one of them."""
+    if len(pieces) != len([p for p in pieces if p.offset is not None]):
+        return
+    total = _volume(shape)
+    primaries = [p for p in pieces if p.replica == 0]
+    primary_boxes = {(p.offset, p.shape) for p in primaries}
+    for piece in pieces:
+        if piece.replica and (piece.offset, piece.shape) not in primary_boxes:
+            yield Finding(code="replica-mismatch", tensor=name,
+                          message=f"rank {piece.rank}'s replica {piece.replica} (offset "
+                          f"{list(piece.offset or ())}, shape {list(piece.shape)}) copies no "
+                          "replica-0 piece")
+    if total == 0:
+        return
+    solid = [p for p in primaries if _volume(p.shape)]
+    boxes = [(p.offset or (), p.shape) for p in solid]
+    overlap = _first_overlap(boxes)
+    if overlap is not None:
+        a, b = solid[overlap[0]], solid[overlap[1]]
+        yield Finding(code="coverage-overlap", tensor=name,
+                      message=f"the pieces of ranks {a.rank} and {b.rank} overlap",
+                      hint="mark copies of the same slice with distinct 'replica' numbers")
+        return
+    covered = sum(_volume(s) for _, s in boxes)
+    if covered != total:
+        yield Finding(code="coverage-gap", tensor=name,
+                      message=f"replica-0 pieces cover {covered} of {total} elements")
+
+
+def _first_overlap(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> tuple[int, int] | None:
+    """Indices of two overlapping boxes, sweeping along the most-split dimension."""
+    if len(boxes) < 2:
+        return None
+    ndim = len(boxes[0][0])
+    if ndim == 0:
+        return (0, 1)
+    sweep = max(range(ndim), key=lambda d: len({box[0][d] for box in boxes}))
+    order = sorted(range(len(boxes)), key=lambda i: boxes[i][0][sweep])
+    active: list[int] = []
+    for i in order:
+        start = boxes[i][0][sweep]
+        active = [j for j in active if boxes[j][0][sweep] + boxes[j][1][sweep] > start]
+        for j in active:
+            if all(
+                max(boxes[i][0][d], boxes[j][0][d])
+                < min(boxes[i][0][d] + boxes[i][1][d], boxes[j][0][d] + boxes[j][1][d])
+                for d in range(ndim)
+            ):
+                return (j, i)
+        active.append(i)
+    return None

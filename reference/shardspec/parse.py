@@ -1,0 +1,131 @@
+"""Bytes on disk -> a checked manifest: dialect, version, schema, extensions, semantics.
+
+Every step reports findings; a step that leaves nothing sound to build on stops the chain.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .checks import check_manifest
+from .errors import Finding
+from .json_dialect import JSONProblem, parse_strict_json
+from .limits import (
+    MANIFEST_NAME,
+    MAX_JSON_DEPTH,
+    MAX_MANIFEST_BYTES,
+    SUPPORTED_MAJOR,
+    SUPPORTED_MINOR,
+)
+from .manifest import Manifest
+from .paths import open_inside
+from .schema import schema_findings
+
+__all__ = ["KNOWN_EXTENSIONS", "ParsedManifest", "parse_manifest", "read_manifest"]
+
+#: SPEC 4.4: extensions this implementation understands (none yet in format 1.0).
+KNOWN_EXTENSIONS: frozenset[str] = frozenset()
+
+_VERSION = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$")
+
+
+@dataclass(frozen=True)
+class ParsedManifest:
+    """The manifest (None when it could not be built) and every finding on the way."""
+
+    manifest: Manifest | None
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+
+_JSON_CODES = {
+    "encoding": "json-encoding",
+    "syntax": "json-syntax",
+    "duplicate-name": "json-duplicate-name",
+    "nonfinite": "json-nonfinite",
+    "too-large": "json-too-large",
+    "too-deep": "json-too-deep",
+}
+
+
+def parse_manifest(data: bytes, *, ignore_extensions: Collection[str] = ()) -> ParsedManifest:
+    """Check manifest bytes against SPEC 3-7 and build the typed manifest."""
+    where = {"file": MANIFEST_NAME}
+    try:
+        raw = parse_strict_json(data, max_bytes=MAX_MANIFEST_BYTES, max_depth=MAX_JSON_DEPTH)
+    except JSONProblem as problem:
+        return ParsedManifest(None, [Finding(code=_JSON_CODES[problem.kind],
+                                             message=problem.message, **where)])
+    findings: list[Finding] = []
+    newer_minor = False
+    version = raw.get("format_version") if isinstance(raw, dict) else None
+    match = _VERSION.match(version) if isinstance(version, str) else None
+    if match:
+        major, minor = int(match[1]), int(match[2])
+        if major != SUPPORTED_MAJOR:
+            return ParsedManifest(None, [Finding(
+                code="version-major", json_path="$.format_version", **where,
+                message=f"format version {version}; this reader supports major version "
+                f"{SUPPORTED_MAJOR} only",
+                hint="upgrade shardspec to read this checkpoint")])
+        if minor > SUPPORTED_MINOR:
+            newer_minor = True
+            findings.append(Finding(
+                code="version-newer-minor", json_path="$.format_version", **where,
+                message=f"format version {version} is newer than {SUPPORTED_MAJOR}."
+                f"{SUPPORTED_MINOR}; fields this reader does not know are ignored"))
+    schema = list(schema_findings(raw, allow_unknown_fields=newer_minor))
+    findings += [
+        Finding(code=f.code, message=f.message, tensor=f.tensor, json_path=f.json_path,
+                hint=f.hint, **where) for f in schema
+    ]
+    if any(f.severity == "error" for f in findings):
+        return ParsedManifest(None, findings)
+    manifest = Manifest.from_dict(raw)
+    for name, extension in manifest.extensions.items():
+        if name in KNOWN_EXTENSIONS:
+            continue
+        if extension.get("must_understand") and name not in ignore_extensions:
+            findings.append(Finding(
+                code="extension-unsupported", json_path=f"$.extensions[{name!r}]", **where,
+                message=f"extension {name!r} must be understood and this reader does not know it",
+                hint="only if you know the checkpoint is usable without it, allow ignoring it "
+                "(ignore_extensions=[...], or --ignore-extension)"))
+        else:
+            findings.append(Finding(code="extension-ignored", **where,
+                                    json_path=f"$.extensions[{name!r}]",
+                                    message=f"extension {name!r} is not known and was ignored"))
+    findings += [
+        Finding(code=f.code, message=f.message, file=f.file or MANIFEST_NAME, tensor=f.tensor,
+                json_path=f.json_path, hint=f.hint)
+        for f in check_manifest(manifest)
+    ]
+    return ParsedManifest(manifest, findings)
+
+
+def read_manifest(root: Path, *, ignore_extensions: Collection[str] = ()) -> ParsedManifest:
+    """Read ``root/shardspec.json`` safely and parse it (SPEC 2.3: no manifest, no checkpoint)."""
+    from .errors import PathError
+
+    try:
+        handle, size = open_inside(root, MANIFEST_NAME)
+    except PathError as exc:
+        if exc.code != "file-missing":
+            return ParsedManifest(None, [exc.finding])
+        return ParsedManifest(None, [Finding(
+            code="not-committed", file=str(root),
+            message="not a committed shardspec checkpoint: there is no shardspec.json",
+            hint="an interrupted write leaves no manifest; write the checkpoint again")])
+    with handle:
+        if size > MAX_MANIFEST_BYTES:
+            return ParsedManifest(None, [Finding(
+                code="json-too-large", file=MANIFEST_NAME,
+                message=f"{size} bytes is over the limit of {MAX_MANIFEST_BYTES}")])
+        data = handle.read(MAX_MANIFEST_BYTES + 1)
+    return parse_manifest(data, ignore_extensions=ignore_extensions)

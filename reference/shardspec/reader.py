@@ -1,0 +1,113 @@
+"""Opening a checkpoint and loading one rank's tensors onto that rank's device (SPEC 11)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection
+from pathlib import Path
+
+import torch
+
+from .devices import DeviceLike, resolve_device
+from .errors import Finding, QuantizationError, RequestError, raise_first_error
+from .load import execute_plan
+from .manifest import Layout, Manifest
+from .parse import read_manifest
+from .plan import RankPlan, plan_rank
+
+__all__ = ["Checkpoint", "load_rank", "open_checkpoint"]
+
+
+class Checkpoint:
+    """A committed, checked checkpoint on disk. Opening reads only the manifest."""
+
+    def __init__(self, path: Path, manifest: Manifest, warnings: list[Finding]) -> None:
+        self.path = path
+        self.manifest = manifest
+        #: Findings that did not stop the reader: newer minor version, ignored extensions.
+        self.warnings = warnings
+
+    def __repr__(self) -> str:
+        layout = self.layout
+        return (f"<shardspec.Checkpoint {str(self.path)!r} tp={layout.tp_size} "
+                f"pp={layout.pp_size} ep={layout.ep_size} tensors={len(self.manifest.tensors)}>")
+
+    @property
+    def layout(self) -> Layout:
+        return self.manifest.layout
+
+    @property
+    def world_size(self) -> int:
+        return self.manifest.world_size
+
+    def _check_rank(self, rank: int) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise RequestError(Finding(
+                code="rank-out-of-range",
+                message=f"rank {rank!r} is not in 0..{self.world_size - 1} "
+                f"(world size {self.world_size})"))
+
+    def plan(self, rank: int) -> RankPlan:
+        """The reads ``rank`` makes: its files and the tensors each holds."""
+        self._check_rank(rank)
+        return plan_rank(self.manifest, rank)
+
+    def rank_files(self, rank: int) -> list[Path]:
+        """The data files ``rank`` reads, as paths under the checkpoint directory."""
+        return [self.path / f.record.path for f in self.plan(rank).files]
+
+    def load_rank(
+        self,
+        rank: int,
+        device: DeviceLike = None,
+        *,
+        verify: bool = False,
+        expect_quantization: str | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Load ``rank``'s tensors onto ``device``, reading only that rank's files.
+
+        ``device`` None means ``cuda:<LOCAL_RANK>`` where CUDA is available, else ``cpu``.
+        ``verify`` checks every file's sha256 while reading. ``expect_quantization`` (a method
+        name, ``"none"`` for unquantized) refuses a checkpoint quantized otherwise (SPEC 8.3).
+        Aliases come back as the same tensor as their target.
+        """
+        plan = self.plan(rank)
+        method = self.manifest.quantization.method
+        if expect_quantization is not None and expect_quantization != method:
+            raise QuantizationError(Finding(
+                code="quantization-mismatch", file="shardspec.json",
+                json_path="$.quantization.method",
+                message=f"asked to load with quantization {expect_quantization!r} but the "
+                f"checkpoint is quantized with {method!r}"))
+        return execute_plan(self.path, plan, resolve_device(device), verify=verify)
+
+
+def open_checkpoint(
+    path: str | os.PathLike[str], *, ignore_extensions: Collection[str] = ()
+) -> Checkpoint:
+    """Open and check the checkpoint at ``path`` (its manifest; data files are read on load).
+
+    ``ignore_extensions`` names must-understand extensions the caller knows are safe to ignore.
+    Raises a :class:`shardspec.ShardspecError` subclass naming the rule that failed.
+    """
+    root = Path(path)
+    parsed = read_manifest(root, ignore_extensions=ignore_extensions)
+    warnings = raise_first_error(parsed.findings)
+    assert parsed.manifest is not None, "no errors means the manifest was built"
+    return Checkpoint(root, parsed.manifest, warnings)
+
+
+def load_rank(
+    path: str | os.PathLike[str],
+    rank: int,
+    device: DeviceLike = None,
+    *,
+    verify: bool = False,
+    expect_quantization: str | None = None,
+    ignore_extensions: Collection[str] = (),
+) -> dict[str, torch.Tensor]:
+    """Shortcut: ``open(path).load_rank(rank, device, ...)``."""
+    checkpoint = open_checkpoint(path, ignore_extensions=ignore_extensions)
+    return checkpoint.load_rank(
+        rank, device, verify=verify, expect_quantization=expect_quantization
+    )

@@ -1,0 +1,143 @@
+"""A data file's safetensors header, parsed and checked by the rules of SPEC 6.3-6.5.
+
+The header is read and checked before any tensor byte is: no allocation is sized from a claim
+that has not been checked against the file's real size.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from .dtypes import DTYPES, DType, byte_size
+from .errors import Finding, SafetensorsError
+from .json_dialect import JSONProblem, parse_strict_json
+from .limits import MAX_DIMS, MAX_JSON_DEPTH, MAX_SAFETENSORS_HEADER_BYTES, MAX_SIZE
+
+__all__ = ["Entry", "Header", "read_header"]
+
+_ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One tensor of a data file; ``begin``/``end`` are relative to the data region."""
+
+    name: str
+    dtype: DType
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Header:
+    """The checked header: where the data region starts and every tensor in it."""
+
+    header_bytes: bytes  # the 8-byte length prefix and the JSON header, as on disk
+    data_start: int
+    entries: dict[str, Entry]
+    metadata: dict[str, str]
+
+
+def _fail(file: str, code: str, message: str, tensor: str | None = None) -> SafetensorsError:
+    return SafetensorsError(Finding(code=code, file=file, tensor=tensor, message=message))
+
+
+def _read_exact(handle: BinaryIO, count: int) -> bytes:
+    chunks = []
+    while count:
+        chunk = handle.read(count)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        count -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_header(handle: BinaryIO, file_size: int, file: str) -> Header:
+    """Read and check the header at the start of ``handle``; SafetensorsError if it breaks 6.3."""
+    if file_size < 8:
+        raise _fail(file, "st-header-length", f"the file has {file_size} bytes, fewer than the "
+                    "8-byte header length")
+    (length,) = struct.unpack("<Q", _read_exact(handle, 8))
+    if length > MAX_SAFETENSORS_HEADER_BYTES:
+        raise _fail(file, "st-header-length", f"header length {length} is over the limit of "
+                    f"{MAX_SAFETENSORS_HEADER_BYTES}")
+    if 8 + length > file_size:
+        raise _fail(file, "st-header-length", f"header length {length} runs past the end of "
+                    f"the {file_size}-byte file")
+    text = _read_exact(handle, length)
+    if len(text) != length:
+        raise _fail(file, "st-header-length", "the file ended inside its header")
+    if not text.startswith(b"{"):
+        raise _fail(file, "st-header-json", "the header does not start with '{'")
+    try:
+        raw = parse_strict_json(text.rstrip(b" "), max_bytes=MAX_SAFETENSORS_HEADER_BYTES,
+                                max_depth=MAX_JSON_DEPTH)
+    except JSONProblem as problem:
+        code = "st-duplicate-key" if problem.kind == "duplicate-name" else "st-header-json"
+        raise _fail(file, code, f"header: {problem.message}") from None
+    if not isinstance(raw, dict):
+        raise _fail(file, "st-header-json", "the header is not a JSON object")
+    data_size = file_size - 8 - length
+    metadata = _parse_metadata(raw.pop("__metadata__", {}), file)
+    entries = {name: _parse_entry(name, value, file) for name, value in raw.items()}
+    _check_offsets(entries, data_size, file)
+    return Header(
+        header_bytes=struct.pack("<Q", length) + text,
+        data_start=8 + length,
+        entries=entries,
+        metadata=metadata,
+    )
+
+
+def _parse_metadata(value: Any, file: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise _fail(file, "st-metadata", "__metadata__ must map strings to strings")
+    return value
+
+
+def _is_size(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SIZE
+
+
+def _parse_entry(name: str, value: Any, file: str) -> Entry:
+    if not isinstance(value, dict) or set(value) != _ENTRY_KEYS:
+        raise _fail(file, "st-entry", "an entry must have exactly dtype, shape and "
+                    "data_offsets", tensor=name)
+    dtype_name, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
+    if not isinstance(dtype_name, str) or dtype_name not in DTYPES:
+        raise _fail(file, "st-dtype", f"unknown dtype {dtype_name!r}", tensor=name)
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(map(_is_size, shape)):
+        raise _fail(file, "st-entry", f"shape must be a list of at most {MAX_DIMS} "
+                    "non-negative integers", tensor=name)
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(map(_is_size, offsets))
+            and offsets[0] <= offsets[1]):
+        raise _fail(file, "st-entry", "data_offsets must be [begin, end] with begin <= end",
+                    tensor=name)
+    dtype = DTYPES[dtype_name]
+    expected = byte_size(dtype, shape)
+    if expected is None:
+        raise _fail(file, "st-size", f"shape {shape} in {dtype_name} overflows or does not fill "
+                    "whole bytes", tensor=name)
+    if offsets[1] - offsets[0] != expected:
+        raise _fail(file, "st-size", f"data_offsets span {offsets[1] - offsets[0]} bytes but "
+                    f"shape {shape} in {dtype_name} needs {expected}", tensor=name)
+    return Entry(name, dtype, tuple(shape), offsets[0], offsets[1])
+
+
+def _check_offsets(entries: dict[str, Entry], data_size: int, file: str) -> None:
+    """Entries sorted by offset tile the data region exactly: no overlap, hole or trailing byte."""
+    position = 0
+    for entry in sorted(entries.values(), key=lambda e: (e.begin, e.end)):
+        if entry.begin != position:
+            kind = "overlaps the previous tensor" if entry.begin < position else "leaves a hole"
+            raise _fail(file, "st-offsets", f"data starting at {entry.begin} {kind} (expected "
+                        f"{position})", tensor=entry.name)
+        position = entry.end
+    if position != data_size:
+        kind = "trailing bytes follow" if position < data_size else "data runs past the file"
+        raise _fail(file, "st-offsets", f"tensors end at {position} but the data region has "
+                    f"{data_size} bytes: {kind}")

@@ -15,7 +15,13 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -99,7 +105,8 @@ def _print_finding(finding: Finding) -> None:
 @app.command("validate")
 def validate_command(
     path: PathArg,
-    checksums: Annotated[bool, typer.Option("--checksums", help="Also verify every digest.")] = False,
+    checksums: Annotated[bool, typer.Option("--checksums", help="Also verify every digest.")
+                         ] = False,
     rank: Annotated[int | None, typer.Option("--rank", help="Check only this rank's files.",
                                              min=0)] = None,
     ignore_extension: Annotated[list[str] | None, typer.Option(
@@ -161,7 +168,7 @@ def _human(size: int) -> str:
 
 def _inspect_dict(manifest: Manifest) -> dict[str, Any]:
     records = [t for t in manifest.tensors.values() if isinstance(t, TensorRecord)]
-    per_rank = []
+    per_rank: list[dict[str, Any]] = []
     for rank in manifest.ranks:
         held = sum(1 for t in records if t.piece_of(rank.rank) is not None)
         per_rank.append({
@@ -183,7 +190,8 @@ def _inspect_dict(manifest: Manifest) -> dict[str, Any]:
         "dtypes": dict(sorted(Counter(t.dtype for t in records).items())),
         "ranks": per_rank,
         "extra_files": [f.path for f in manifest.extra_files],
-        "total_bytes": sum(r["bytes"] for r in per_rank) + sum(f.size for f in manifest.extra_files),
+        "total_bytes": sum(r["bytes"] for r in per_rank)
+        + sum(f.size for f in manifest.extra_files),
     }
 
 

@@ -18,7 +18,7 @@ def _invalid(device: object, why: str) -> RequestError:
 
 
 def resolve_device(device: DeviceLike) -> torch.device:
-    """None -> ``cuda:<LOCAL_RANK>`` where CUDA is available, else ``cpu``; an int is a CUDA index."""
+    """None -> ``cuda:<LOCAL_RANK>`` where CUDA is available, else ``cpu``; int -> a CUDA index."""
     if device is None:
         if not torch.cuda.is_available():
             return torch.device("cpu")

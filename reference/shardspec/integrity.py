@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import BinaryIO
+from typing import Any, Protocol
 
-__all__ = ["ALGORITHMS", "digest_stream"]
+__all__ = ["ALGORITHMS", "Readable", "digest_stream"]
+
+
+class Readable(Protocol):
+    """A binary file opened for reading (what ``open(..., "rb")`` and ``os.fdopen`` give)."""
+
+    def read(self, size: int = ..., /) -> bytes: ...
+    def readinto(self, buffer: Any, /) -> int | None: ...
+    def seek(self, offset: int, whence: int = ..., /) -> int: ...
 
 #: SPEC 9.2: digest algorithms this implementation computes and verifies; sha256 is mandatory.
-ALGORITHMS: dict[str, Callable[[], hashlib._Hash]] = {
+ALGORITHMS: dict[str, Callable[[], Any]] = {
     "sha256": hashlib.sha256,
     "blake2b": hashlib.blake2b,
 }
@@ -18,7 +26,7 @@ _CHUNK = 16 * 1024 * 1024
 
 
 def digest_stream(
-    handle: BinaryIO,
+    handle: Readable,
     algorithms: tuple[str, ...] = ("sha256",),
     progress: Callable[[int], None] | None = None,
 ) -> tuple[dict[str, str], int]:

@@ -17,7 +17,8 @@ class JSONProblem(Exception):
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
-        self.kind = kind  # "encoding", "syntax", "duplicate-name", "nonfinite", "too-large", "too-deep"
+        #: "encoding", "syntax", "duplicate-name", "nonfinite", "too-large" or "too-deep"
+        self.kind = kind
         self.message = message
 
 

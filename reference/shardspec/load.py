@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any
 
 import torch
 
 from .dtypes import torch_layout
 from .errors import Finding, IntegrityError, SafetensorsError
+from .integrity import Readable
 from .paths import open_inside
 from .plan import FilePlan, RankPlan
 from .safetensors_header import Entry, read_header
@@ -65,10 +66,10 @@ def _load_file(
 
 
 def _read_into(
-    handle: BinaryIO, buffer: torch.Tensor, path: str, digest: hashlib._Hash | None
+    handle: Readable, buffer: torch.Tensor, path: str, digest: Any | None
 ) -> torch.Tensor:
     """Fill ``buffer`` (host memory) from ``handle`` in large reads."""
-    view = memoryview(buffer.numpy())
+    view = memoryview(buffer.numpy())  # type: ignore[arg-type]
     position, total = 0, len(view)
     while position < total:
         got = handle.readinto(view[position : position + CHUNK_BYTES])
@@ -86,9 +87,9 @@ class _CudaStager:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.stream = torch.cuda.Stream(device)
+        self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         self.buffers: list[torch.Tensor] = []
-        self.events = [torch.cuda.Event(), torch.cuda.Event()]
+        self.events = [torch.cuda.Event(), torch.cuda.Event()]  # type: ignore[no-untyped-call]
 
     def _staging(self, index: int, size: int) -> torch.Tensor:
         while len(self.buffers) < 2:
@@ -96,7 +97,7 @@ class _CudaStager:
         return self.buffers[index][:size]
 
     def read(
-        self, handle: BinaryIO, count: int, path: str, digest: hashlib._Hash | None
+        self, handle: Readable, count: int, path: str, digest: Any | None
     ) -> torch.Tensor:
         out = torch.empty(count, dtype=torch.uint8, device=self.device)
         position, turn = 0, 0

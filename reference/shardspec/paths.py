@@ -6,10 +6,10 @@ inside the checkpoint, and opened without following a last-moment symlink or blo
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO
 
 from .checks import path_problem
 from .errors import Finding, PathError
@@ -35,7 +35,7 @@ def resolve_inside(root: Path, relative: str) -> Path:
     return real
 
 
-def open_inside(root: Path, relative: str) -> tuple[BinaryIO, int]:
+def open_inside(root: Path, relative: str) -> tuple[io.FileIO, int]:
     """Open a regular file of the checkpoint for reading; return it and its size."""
     real = resolve_inside(root, relative)
     not_regular = PathError(Finding(code="file-not-regular", file=relative,
@@ -57,4 +57,4 @@ def open_inside(root: Path, relative: str) -> tuple[BinaryIO, int]:
         os.close(fd)
         raise not_regular
     os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb", buffering=0), info.st_size
+    return io.FileIO(fd, "rb", closefd=True), info.st_size

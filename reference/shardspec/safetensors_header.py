@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 from .dtypes import DTYPES, DType, byte_size
 from .errors import Finding, SafetensorsError
+from .integrity import Readable
 from .json_dialect import JSONProblem, parse_strict_json
 from .limits import MAX_DIMS, MAX_JSON_DEPTH, MAX_SAFETENSORS_HEADER_BYTES, MAX_SIZE
 
@@ -45,7 +46,7 @@ def _fail(file: str, code: str, message: str, tensor: str | None = None) -> Safe
     return SafetensorsError(Finding(code=code, file=file, tensor=tensor, message=message))
 
 
-def _read_exact(handle: BinaryIO, count: int) -> bytes:
+def _read_exact(handle: Readable, count: int) -> bytes:
     chunks = []
     while count:
         chunk = handle.read(count)
@@ -56,7 +57,7 @@ def _read_exact(handle: BinaryIO, count: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_header(handle: BinaryIO, file_size: int, file: str) -> Header:
+def read_header(handle: Readable, file_size: int, file: str) -> Header:
     """Read and check the header at the start of ``handle``; SafetensorsError if it breaks 6.3."""
     if file_size < 8:
         raise _fail(file, "st-header-length", f"the file has {file_size} bytes, fewer than the "

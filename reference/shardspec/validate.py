@@ -81,8 +81,9 @@ def validate(
     if manifest is None or parsed.errors and _structure_broken(parsed.errors):
         return report
     if rank is not None and not 0 <= rank < manifest.world_size:
+        last = manifest.world_size - 1
         report.findings.append(Finding(code="rank-out-of-range",
-                                       message=f"rank {rank} is not in 0..{manifest.world_size - 1}"))
+                                       message=f"rank {rank} is not in 0..{last}"))
         return report
     ranks = range(manifest.world_size) if rank is None else [rank]
     digest = _digest_findings if checksums else None

@@ -373,7 +373,10 @@ def _extra_sources(
 def _copy_extra(root: Path, name: str, source: Path) -> FileRecord:
     target = root / name
     target.parent.mkdir(parents=True, exist_ok=True)
-    write_durably(target, lambda temp: shutil.copyfile(source, temp))
+    def copy(temp: Path) -> None:
+        shutil.copyfile(source, temp)
+
+    write_durably(target, copy)
     fsync_dir(target.parent)
     with target.open("rb") as handle:
         digests, size = digest_stream(handle)

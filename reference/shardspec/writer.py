@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,21 @@ from .parse import read_manifest
 from .paths import resolve_inside
 from .schema import schema_findings
 
-__all__ = ["Shard", "data_file_name", "save", "split"]
+__all__ = [
+    "RankInfo",
+    "Shard",
+    "TensorInfo",
+    "copy_extra_files",
+    "data_file_name",
+    "describe_rank",
+    "extra_sources",
+    "finish_manifest",
+    "plan_checkpoint",
+    "prepare_directory",
+    "save",
+    "split",
+    "write_rank",
+]
 
 StateDict = Mapping[str, torch.Tensor]
 
@@ -106,63 +120,79 @@ def save(
     aliases; non-contiguous tensors are written contiguous; zero-size tensors are kept. Each
     rank's tensors are split into files of about ``max_file_size`` bytes. ``extra_files`` maps
     names inside the checkpoint to source paths (or is a list of paths kept by base name).
+    Bad sharding information is refused before anything is written.
     """
     root = Path(path)
     sharding = sharding or {}
-    tensors_of = _check_states(states, layout)
-    aliases = _find_aliases(tensors_of)
-    parts = {
-        rank: _assign_parts([n for n in tensors_of[rank] if n not in aliases],
-                            tensors_of[rank], max_file_size)
-        for rank in tensors_of
-    }
-    extras = _extra_sources(extra_files)
-    draft = _build_manifest(
-        layout=layout, tensors_of=tensors_of, sharding=sharding, aliases=aliases, parts=parts,
-        quantization=quantization or Quantization(), logical=logical or {},
-        metadata=metadata or {}, extensions=extensions or {},
-        extras={name: FileRecord(path=name, size=0, checksums={"sha256": "0" * 64})
-                for name in extras},
-        file_records={},
+    if set(states) != set(range(layout.size)):
+        raise ValueError(f"states must have one state dict per rank 0..{layout.size - 1} "
+                         f"(SPEC 5.3); got ranks {sorted(states)}")
+    extras = extra_sources(extra_files)
+    draft = plan_checkpoint(
+        layout, [describe_rank(r, states[r], sharding.get(r)) for r in sorted(states)],
+        quantization=quantization, logical=logical, metadata=metadata, extensions=extensions,
+        extra_files=list(extras), max_file_size=max_file_size,
     )
-    _refuse_invalid(draft)
-
-    _prepare_directory(root, overwrite)
-    file_records: dict[str, FileRecord] = {}
-    for rank, rank_parts in parts.items():
-        for part, names in enumerate(rank_parts):
-            name = data_file_name(layout, rank, part)
-            file_records[name] = _write_data_file(
-                root / name, {n: tensors_of[rank][n] for n in names})
-    extra_records = {name: _copy_extra(root, name, source) for name, source in extras.items()}
-    manifest = _build_manifest(
-        layout=layout, tensors_of=tensors_of, sharding=sharding, aliases=aliases, parts=parts,
-        quantization=quantization or Quantization(), logical=logical or {},
-        metadata=metadata or {}, extensions=extensions or {}, extras=extra_records,
-        file_records=file_records,
-    )
-    _refuse_invalid(manifest)
+    prepare_directory(root, overwrite)
+    records: dict[str, FileRecord] = {}
+    for rank in range(layout.size):
+        records.update({f.path: f for f in write_rank(root, rank, states[rank], draft)})
+    records.update({f.path: f for f in copy_extra_files(root, extras)})
+    manifest = finish_manifest(draft, records)
     commit_manifest(root, manifest.to_json())
     return manifest
 
 
-def _check_states(states: Mapping[int, StateDict], layout: Layout) -> dict[int, dict[str, Any]]:
-    expected = set(range(layout.size))
-    if set(states) != expected:
-        raise ValueError(f"states must have one state dict per rank 0..{layout.size - 1} "
-                         f"(SPEC 5.3); got ranks {sorted(states)}")
-    out: dict[int, dict[str, Any]] = {}
-    for rank in sorted(states):
-        out[rank] = {}
-        for name, tensor in states[rank].items():
-            if not isinstance(tensor, torch.Tensor):
-                raise TypeError(f"rank {rank}, tensor {name!r}: expected a torch.Tensor, got "
-                                f"{type(tensor).__name__}")
-            if not isinstance(name, str) or not name or name == "__metadata__":
-                raise ValueError(f"rank {rank}: {name!r} is not a valid tensor name (SPEC 7.1)")
-            spec_shape(tensor)  # raises for a dtype the format cannot hold
-            out[rank][name] = tensor
-    return out
+@dataclass(frozen=True)
+class TensorInfo:
+    """What a rank knows of one of its tensors, without its data (spec dtype and shape)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    shard: Shard | None
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """One rank's tensors as metadata: small enough to gather from every worker."""
+
+    rank: int
+    tensors: dict[str, TensorInfo]
+    #: alias -> target: names that are the same view of one storage on this rank
+    local_aliases: dict[str, str]
+
+
+def describe_rank(
+    rank: int, state: StateDict, sharding: Mapping[str, Shard] | None = None
+) -> RankInfo:
+    """Check one rank's state dict and describe it (no data is copied)."""
+    sharding = sharding or {}
+    tensors: dict[str, TensorInfo] = {}
+    first_with: dict[tuple[Any, ...], str] = {}
+    local_aliases: dict[str, str] = {}
+    for name, tensor in state.items():
+        if not isinstance(name, str) or not name or name == "__metadata__":
+            raise ValueError(f"rank {rank}: {name!r} is not a valid tensor name (SPEC 7.1)")
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"rank {rank}, tensor {name!r}: expected a torch.Tensor, got "
+                            f"{type(tensor).__name__}")
+        dtype, shape = spec_shape(tensor)  # raises for a dtype the format cannot hold
+        shard = sharding.get(name)
+        if shard is not None:
+            shard = Shard(tuple(shard.global_shape), tuple(shard.offset), shard.replica)
+        tensors[name] = TensorInfo(dtype.name, shape, byte_size(dtype, shape) or 0, shard)
+        key = _storage_key(tensor)
+        if key is None:
+            continue
+        if key in first_with:
+            local_aliases[name] = first_with[key]
+        else:
+            first_with[key] = name
+    unknown = sorted(set(sharding) - set(tensors))
+    if unknown:
+        raise ValueError(f"rank {rank}: sharding names tensors not in the state dict: {unknown}")
+    return RankInfo(rank, tensors, local_aliases)
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[Any, ...] | None:
@@ -172,130 +202,148 @@ def _storage_key(tensor: torch.Tensor) -> tuple[Any, ...] | None:
             tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
 
 
-def _find_aliases(tensors_of: Mapping[int, Mapping[str, torch.Tensor]]) -> dict[str, str]:
+def _global_aliases(ranks: Sequence[RankInfo]) -> dict[str, str]:
     """alias -> target where the two are the same view on every rank holding either (SPEC 7.6)."""
     holders: dict[str, set[int]] = {}
-    found_on: dict[int, dict[str, str]] = {}
-    for rank, tensors in tensors_of.items():
-        first_with: dict[tuple[Any, ...], str] = {}
-        found_on[rank] = {}
-        for name, tensor in tensors.items():
-            holders.setdefault(name, set()).add(rank)
-            key = _storage_key(tensor)
-            if key is None:
-                continue
-            if key in first_with:
-                found_on[rank][name] = first_with[key]
-            else:
-                first_with[key] = name
-    candidates = {a: t for found in found_on.values() for a, t in found.items()}
+    for info in ranks:
+        for name in info.tensors:
+            holders.setdefault(name, set()).add(info.rank)
+    candidates = {a: t for info in ranks for a, t in info.local_aliases.items()}
     return {
         alias: target
         for alias, target in candidates.items()
         if holders[alias] == holders[target]
-        and all(found_on[r].get(alias) == target for r in holders[alias])
+        and all(ranks[r].local_aliases.get(alias) == target for r in holders[alias])
     }
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
-    dtype, shape = spec_shape(tensor)
-    return byte_size(dtype, shape) or 0
-
-
 def _assign_parts(
-    names: list[str], tensors: Mapping[str, torch.Tensor], max_file_size: int
+    tensors: Mapping[str, TensorInfo], skip: Container[str], max_file_size: int
 ) -> list[list[str]]:
     """Greedy split into parts of at most ``max_file_size`` data bytes; always one part."""
     parts: list[list[str]] = [[]]
     size = 0
-    for name in names:
-        nbytes = _nbytes(tensors[name])
-        if parts[-1] and size + nbytes > max_file_size:
+    for name, info in tensors.items():
+        if name in skip:
+            continue
+        if parts[-1] and size + info.nbytes > max_file_size:
             parts.append([])
             size = 0
         parts[-1].append(name)
-        size += nbytes
+        size += info.nbytes
     return parts
 
 
-def _build_manifest(
-    *,
+_PLACEHOLDER = {"sha256": "0" * 64}
+
+
+def plan_checkpoint(
     layout: Layout,
-    tensors_of: Mapping[int, Mapping[str, torch.Tensor]],
-    sharding: Mapping[int, Mapping[str, Shard]],
-    aliases: Mapping[str, str],
-    parts: Mapping[int, list[list[str]]],
-    quantization: Quantization,
-    logical: Mapping[str, Logical],
-    metadata: Mapping[str, str],
-    extensions: Mapping[str, Mapping[str, Any]],
-    extras: Mapping[str, FileRecord],
-    file_records: Mapping[str, FileRecord],
+    ranks: Sequence[RankInfo],
+    *,
+    quantization: Quantization | None = None,
+    logical: Mapping[str, Logical] | None = None,
+    metadata: Mapping[str, str] | None = None,
+    extensions: Mapping[str, Mapping[str, Any]] | None = None,
+    extra_files: Sequence[str] = (),
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE,
 ) -> Manifest:
-    placeholder = {"sha256": "0" * 64}
+    """The manifest to write, with placeholder sizes and digests; checked before any write.
+
+    Every worker of a distributed save computes the same draft from the same gathered infos.
+    """
+    if [info.rank for info in ranks] != list(range(layout.size)):
+        raise ValueError(f"expected one RankInfo per rank 0..{layout.size - 1}, in order")
+    aliases = _global_aliases(ranks)
+    logical = logical or {}
+    rank_records = []
     file_of: dict[tuple[int, str], str] = {}
-    ranks = []
-    for rank in range(layout.size):
-        names = [data_file_name(layout, rank, p) for p in range(len(parts[rank]))]
-        for file_name, part in zip(names, parts[rank], strict=True):
-            file_of.update({(rank, tensor): file_name for tensor in part})
-        ranks.append(RankRecord(
-            rank=rank, **layout.coordinates(rank),
-            files=tuple(file_records.get(n, FileRecord(path=n, size=0, checksums=placeholder))
-                        for n in names)))
+    for info in ranks:
+        parts = _assign_parts(info.tensors, aliases, max_file_size)
+        names = [data_file_name(layout, info.rank, p) for p in range(len(parts))]
+        for file_name, part in zip(names, parts, strict=True):
+            file_of.update({(info.rank, tensor): file_name for tensor in part})
+        rank_records.append(RankRecord(
+            rank=info.rank, **layout.coordinates(info.rank),
+            files=tuple(FileRecord(path=n, size=0, checksums=_PLACEHOLDER) for n in names)))
     tensors: dict[str, TensorRecord | Alias] = {}
-    for rank in range(layout.size):
-        for name in tensors_of[rank]:
+    for info in ranks:
+        for name in info.tensors:
             if name in tensors:
                 continue
             if name in aliases:
                 tensors[name] = Alias(alias_of=aliases[name])
-                continue
-            tensors[name] = _tensor_record(name, tensors_of, sharding, file_of, logical)
-    return Manifest(
-        format_version=format_version(), layout=layout, ranks=tuple(ranks),
-        quantization=quantization, tensors=tensors, extra_files=tuple(extras.values()),
-        metadata=dict(metadata), extensions=dict(extensions),
+            else:
+                tensors[name] = _tensor_record(name, ranks, file_of, logical.get(name))
+    draft = Manifest(
+        format_version=format_version(), layout=layout, ranks=tuple(rank_records),
+        quantization=quantization or Quantization(), tensors=tensors,
+        extra_files=tuple(FileRecord(path=n, size=0, checksums=_PLACEHOLDER)
+                          for n in extra_files),
+        metadata=dict(metadata or {}), extensions=dict(extensions or {}),
         generator=f"shardspec {__version__}",
     )
+    _refuse_invalid(draft)
+    return draft
 
 
 def _tensor_record(
     name: str,
-    tensors_of: Mapping[int, Mapping[str, torch.Tensor]],
-    sharding: Mapping[int, Mapping[str, Shard]],
+    ranks: Sequence[RankInfo],
     file_of: Mapping[tuple[int, str], str],
-    logical: Mapping[str, Logical],
+    logical: Logical | None,
 ) -> TensorRecord:
-    holders = [r for r in sorted(tensors_of) if name in tensors_of[r]]
-    dtypes = {spec_shape(tensors_of[r][name])[0].name for r in holders}
+    holders = [info for info in ranks if name in info.tensors]
+    infos = {info.rank: info.tensors[name] for info in holders}
+    dtypes = {t.dtype for t in infos.values()}
     if len(dtypes) != 1:
         raise ValueError(f"tensor {name!r} has dtypes {sorted(dtypes)} on different ranks; "
                          "one tensor has one dtype (SPEC 7.1)")
-    shards = {r: sharding.get(r, {}).get(name) for r in holders}
-    given = [r for r, s in shards.items() if s is not None]
-    if given and len(given) != len(holders):
-        missing = sorted(set(holders) - set(given))
+    given = [r for r, t in infos.items() if t.shard is not None]
+    if given and len(given) != len(infos):
+        missing = sorted(set(infos) - set(given))
         raise ValueError(f"tensor {name!r} has a Shard on ranks {given} but not on {missing}: "
                          "give every rank's piece a Shard, or none for a rank-local tensor")
-    global_shapes = {tuple(s.global_shape) for s in shards.values() if s is not None}
+    global_shapes = {t.shard.global_shape for t in infos.values() if t.shard is not None}
     if len(global_shapes) > 1:
         raise ValueError(f"tensor {name!r}: the ranks' Shards disagree on the global shape: "
                          f"{sorted(global_shapes)}")
-    pieces = []
-    for rank in holders:
-        shape = spec_shape(tensors_of[rank][name])[1]
-        shard = shards[rank]
-        pieces.append(Piece(
-            rank=rank, file=file_of[(rank, name)], shape=shape,
-            offset=None if shard is None else tuple(shard.offset),
-            replica=0 if shard is None else shard.replica))
-    return TensorRecord(
-        dtype=dtypes.pop(),
-        shape=global_shapes.pop() if global_shapes else None,
-        pieces=tuple(pieces),
-        logical=logical.get(name),
+    pieces = tuple(
+        Piece(rank=r, file=file_of[(r, name)], shape=t.shape,
+              offset=None if t.shard is None else t.shard.offset,
+              replica=0 if t.shard is None else t.shard.replica)
+        for r, t in infos.items()
     )
+    return TensorRecord(dtype=dtypes.pop(), shape=global_shapes.pop() if global_shapes else None,
+                        pieces=pieces, logical=logical)
+
+
+def write_rank(root: Path, rank: int, state: StateDict, draft: Manifest) -> list[FileRecord]:
+    """Write ``rank``'s data files as ``draft`` places them; return their real records."""
+    names_in: dict[str, list[str]] = {f.path: [] for f in draft.ranks[rank].files}
+    for name, record in draft.tensors.items():
+        if isinstance(record, TensorRecord):
+            piece = record.piece_of(rank)
+            if piece is not None:
+                names_in[piece.file].append(name)
+    return [_write_data_file(root / path, {n: state[n] for n in names})
+            for path, names in names_in.items()]
+
+
+def finish_manifest(draft: Manifest, records: Mapping[str, FileRecord]) -> Manifest:
+    """The draft with every placeholder replaced by the written file's record, checked again."""
+    def real(record: FileRecord) -> FileRecord:
+        if record.path not in records:
+            raise ValueError(f"no written file for {record.path!r}")
+        return records[record.path]
+
+    manifest = replace(
+        draft,
+        ranks=tuple(replace(r, files=tuple(map(real, r.files))) for r in draft.ranks),
+        extra_files=tuple(map(real, draft.extra_files)),
+    )
+    _refuse_invalid(manifest)
+    return manifest
 
 
 def _refuse_invalid(manifest: Manifest) -> None:
@@ -305,7 +353,7 @@ def _refuse_invalid(manifest: Manifest) -> None:
     raise_first_error(check_manifest(manifest))
 
 
-def _prepare_directory(root: Path, overwrite: bool) -> None:
+def prepare_directory(root: Path, overwrite: bool) -> None:
     """Create ``root``, or empty it of a previous checkpoint when ``overwrite`` (SPEC 10.2)."""
     if root.exists() and not root.is_dir():
         raise NotADirectoryError(f"{root} exists and is not a directory")
@@ -362,12 +410,17 @@ def _make_readable(path: Path) -> None:
     path.chmod(0o666 & ~umask)
 
 
-def _extra_sources(
+def extra_sources(
     extra_files: Mapping[str, str | os.PathLike[str]] | Iterable[str | os.PathLike[str]],
 ) -> dict[str, Path]:
     if isinstance(extra_files, Mapping):
         return {str(name): Path(source) for name, source in extra_files.items()}
     return {Path(source).name: Path(source) for source in extra_files}
+
+
+def copy_extra_files(root: Path, sources: Mapping[str, Path]) -> list[FileRecord]:
+    """Copy extra files (config.json, tokenizer files) into the checkpoint, durably."""
+    return [_copy_extra(root, name, source) for name, source in sources.items()]
 
 
 def _copy_extra(root: Path, name: str, source: Path) -> FileRecord:

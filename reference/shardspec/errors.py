@@ -228,6 +228,8 @@ CODES: dict[str, Code] = {
     "checksum-mismatch": _e(IntegrityError, "9.2", "a file's digest differs from the manifest"),
     "rank-out-of-range": _e(RequestError, "11.1", "the requested rank is not in the layout"),
     "device-invalid": _e(RequestError, "11.2", "the requested device is not usable"),
+    "world-size-mismatch": _e(RequestError, "11.1", "the process group's size differs from the "
+                              "checkpoint's world size"),
 }
 
 

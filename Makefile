@@ -1,0 +1,45 @@
+# shardspec developer tasks. `make demo` and `make test` set everything up on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.stamp
+PIP := $(BIN)/python -m pip -qq --disable-pip-version-check
+
+# Without an NVIDIA driver, pin the CPU build of torch that lies on this machine's disk; an
+# unpinned torch would pull a multi-GB CUDA build.
+TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
+
+.PHONY: venv demo test lint typecheck bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@echo "installing $(TORCH) into $(VENV)"
+	$(PIP) install '$(TORCH)'
+	@echo "installing shardspec (editable) with test extras"
+	$(PIP) install -e '.[test]'
+	@touch $(STAMP)
+
+demo: venv
+	$(BIN)/python examples/demo.py
+
+test: venv
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+typecheck: venv
+	$(BIN)/mypy
+
+bench: venv
+	$(BIN)/python benchmarks/bench_load.py
+
+clean:
+	rm -rf $(VENV) dist build demo-checkpoint benchmarks/out .pytest_cache .ruff_cache \
+		.mypy_cache .hypothesis site
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . -name '*.egg-info' -type d -prune -exec rm -rf {} +

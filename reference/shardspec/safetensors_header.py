@@ -72,10 +72,12 @@ def read_header(handle: Readable, file_size: int, file: str) -> Header:
     text = _read_exact(handle, length)
     if len(text) != length:
         raise _fail(file, "st-header-length", "the file ended inside its header")
-    if not text.startswith(b"{"):
-        raise _fail(file, "st-header-json", "the header does not start with '{'")
+    body = text.rstrip(b" ")  # SPEC 6.3: only spaces may pad the header
+    if not (body.startswith(b"{") and body.endswith(b"}")):
+        raise _fail(file, "st-header-json", "the header must be a JSON object from its first "
+                    "byte, followed by nothing but space padding")
     try:
-        raw = parse_strict_json(text.rstrip(b" "), max_bytes=MAX_SAFETENSORS_HEADER_BYTES,
+        raw = parse_strict_json(body, max_bytes=MAX_SAFETENSORS_HEADER_BYTES,
                                 max_depth=MAX_JSON_DEPTH)
     except JSONProblem as problem:
         code = "st-duplicate-key" if problem.kind == "duplicate-name" else "st-header-json"

@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 
 from .errors import Finding
@@ -39,9 +39,37 @@ def manifest_schema() -> dict[str, Any]:
     return schema
 
 
+def _is_integer_token(checker: object, instance: object) -> bool:
+    # SPEC 3.3: integers are written as integer tokens; JSON Schema alone would accept 4.0.
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+_StrictValidator = validators.extend(  # type: ignore[no-untyped-call]
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer_token),
+)
+
+
 @cache
 def _validator() -> Draft202012Validator:
-    return Draft202012Validator(manifest_schema())
+    validator: Draft202012Validator = _StrictValidator(manifest_schema())
+    return validator
+
+
+def _open_objects(node: Any) -> Any:
+    """The schema with every ``additionalProperties: false`` dropped: unknown fields allowed."""
+    if isinstance(node, dict):
+        return {key: _open_objects(value) for key, value in node.items()
+                if not (key == "additionalProperties" and value is False)}
+    if isinstance(node, list):
+        return [_open_objects(value) for value in node]
+    return node
+
+
+@cache
+def _open_validator() -> Draft202012Validator:
+    """Checks a newer minor version's manifest: everything but unknown fields (SPEC 4.3)."""
+    return Draft202012Validator(_open_objects(manifest_schema()))
 
 
 def _json_path(error: ValidationError) -> str:
@@ -52,10 +80,41 @@ def _json_path(error: ValidationError) -> str:
 
 
 def _deepest(error: ValidationError) -> ValidationError:
-    """For oneOf/anyOf failures, the most specific sub-error is the one a person can act on."""
+    """For oneOf/anyOf failures, the most specific sub-error is the one a person can act on.
+
+    It is taken from the branch the instance comes closest to (fewest errors), so a rank-local
+    tensor with a typo is told about the typo, not that global tensors need an offset.
+    """
     while error.context:
-        error = max(error.context, key=lambda e: (len(e.absolute_path), -len(e.context or ())))
+        branches: dict[Any, list[ValidationError]] = {}
+        for sub in error.context:
+            branches.setdefault(sub.relative_schema_path[0], []).append(sub)
+        closest = min(branches.values(), key=len)
+        error = max(closest, key=lambda e: (len(e.absolute_path), -len(e.context or ())))
     return error
+
+
+def _unknown_fields(error: ValidationError) -> list[ValidationError] | None:
+    """The unknown-field errors that alone explain ``error``, or None where more is wrong.
+
+    For a oneOf (a tensor record), the branch that fails only by unknown fields is the one the
+    record is meant to be; the other branches' complaints are not about this record.
+    """
+    if error.validator == "additionalProperties":
+        return [error]
+    if error.validator in ("oneOf", "anyOf"):
+        branches: dict[Any, list[ValidationError]] = {}
+        for sub in error.context or ():
+            branches.setdefault(sub.relative_schema_path[0], []).append(sub)
+        for subs in branches.values():
+            found = [_unknown_fields(sub) for sub in subs]
+            if all(f is not None for f in found):
+                return [leaf for f in found if f is not None for leaf in f]
+    return None
+
+
+def _by_path(errors: Iterator[ValidationError]) -> list[ValidationError]:
+    return sorted(errors, key=lambda e: list(map(str, e.path)))
 
 
 def schema_findings(data: Any, *, allow_unknown_fields: bool = False) -> Iterator[Finding]:
@@ -64,15 +123,23 @@ def schema_findings(data: Any, *, allow_unknown_fields: bool = False) -> Iterato
     With ``allow_unknown_fields`` (a manifest of a newer minor version, SPEC 4.3), fields the
     schema does not know are reported as warnings instead of errors.
     """
-    for error in sorted(_validator().iter_errors(data), key=lambda e: list(map(str, e.path))):
+    errors = _by_path(_validator().iter_errors(data))
+    if allow_unknown_fields and errors:
+        # Only fields the schema does not know may be ignored: anything else it checks must
+        # still hold, so check that first with unknown fields allowed everywhere.
+        open_errors = _by_path(_open_validator().iter_errors(data))
+        if not open_errors:
+            for error in errors:
+                for detail in _unknown_fields(error) or [_deepest(error)]:
+                    yield Finding(
+                        code="unknown-field",
+                        message=f"ignored a field this reader does not know: {detail.message}",
+                        json_path=_json_path(detail),
+                    )
+            return
+        errors = open_errors
+    for error in errors:
         detail = _deepest(error)
-        if detail.validator == "additionalProperties" and allow_unknown_fields:
-            yield Finding(
-                code="unknown-field",
-                message=f"ignored a field this reader does not know: {detail.message}",
-                json_path=_json_path(detail),
-            )
-            continue
         tensor = None
         path = list(detail.absolute_path)
         if len(path) >= 2 and path[0] == "tensors":

@@ -39,7 +39,7 @@ bench: venv
 	$(BIN)/python benchmarks/bench_load.py
 
 clean:
-	rm -rf $(VENV) dist build demo-checkpoint benchmarks/out .pytest_cache .ruff_cache \
+	rm -rf $(VENV) dist build demo-checkpoint dist-checkpoint benchmarks/out .pytest_cache .ruff_cache \
 		.mypy_cache .hypothesis site
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 	find . -name '*.egg-info' -type d -prune -exec rm -rf {} +

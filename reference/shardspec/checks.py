@@ -145,7 +145,7 @@ def _check_pieces(
             yield Finding(code="st-size", tensor=name, json_path=f"{where}.shape",
                           message=f"a piece of shape {list(piece.shape)} in {dtype.name} does "
                           "not fill whole bytes below 2^63")
-            continue
+            # still a slice of the tensor: bounds and coverage (7.2, 7.3) apply to it
         if record.shape is None:
             continue
         bounds = _bounds_problem(piece, record.shape)

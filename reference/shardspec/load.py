@@ -117,7 +117,12 @@ class _CudaStager:
 def _view(data: torch.Tensor, entry: Entry, device: torch.device) -> torch.Tensor:
     dtype, shape = torch_layout(entry.dtype, entry.shape)
     if entry.begin == entry.end:
-        return torch.empty(shape, dtype=dtype, device=device)
+        try:
+            return torch.empty(shape, dtype=dtype, device=device)
+        except RuntimeError:
+            # No element, but other dimensions so large ([0, 2**40, 2**40]) that contiguous
+            # strides overflow int64; a tensor without elements needs no strides.
+            return torch.empty_strided(shape, (0,) * len(shape), dtype=dtype, device=device)
     raw = data[entry.begin : entry.end]
     if entry.begin % dtype.itemsize:
         raw = raw.clone()  # an unaligned offset is legal (SPEC 6.3) but torch cannot view it

@@ -68,8 +68,12 @@ def _open_objects(node: Any) -> Any:
 
 @cache
 def _open_validator() -> Draft202012Validator:
-    """Checks a newer minor version's manifest: everything but unknown fields (SPEC 4.3)."""
-    return Draft202012Validator(_open_objects(manifest_schema()))
+    """Checks a newer minor version's manifest: everything but unknown fields (SPEC 4.3).
+
+    Integer tokens stay strict (SPEC 3.3 rule 3): ``4.0`` is not an integer in any version.
+    """
+    validator: Draft202012Validator = _StrictValidator(_open_objects(manifest_schema()))
+    return validator
 
 
 def _json_path(error: ValidationError) -> str:

@@ -96,8 +96,11 @@ def validate(
 
 
 def _structure_broken(errors: list[Finding]) -> bool:
-    """Layout errors make per-rank file checks meaningless; other manifest errors do not."""
-    return any(f.code.startswith(("layout-", "piece-rank")) for f in errors)
+    """Layout errors make per-rank file checks meaningless; other manifest errors do not.
+
+    ``file-rank`` is one of them: a piece in a file its rank does not own has no per-rank plan.
+    """
+    return any(f.code.startswith(("layout-", "piece-rank", "file-rank")) for f in errors)
 
 
 Digest = Callable[[FileRecord, Any, Report, "Progress | None"], Iterator[Finding]]

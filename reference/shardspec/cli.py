@@ -316,3 +316,6 @@ def main() -> None:
         err.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}")
         err.print("please report this; set SHARDSPEC_DEBUG=1 to see the traceback")
         sys.exit(EXIT_CANNOT_RUN)
+
+# registers convert, merge and import-vllm
+from . import cli_convert  # noqa: E402,F401

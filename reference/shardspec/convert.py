@@ -1,0 +1,695 @@
+"""Into shardspec from Hugging Face and vLLM, and back to Hugging Face.
+
+:func:`convert` splits a Hugging Face checkpoint directory into a TP x PP shardspec checkpoint
+by a tensor-parallel plan (:mod:`shardspec.tp_plan`) and contiguous pipeline stages
+(:mod:`shardspec.stages`). It streams: for each rank, for each tensor it holds, only that
+piece's bytes are read from the source (:func:`shardspec.hf.iter_slice`) and written into the
+rank's file as they come (:func:`shardspec.hf.write_safetensors`), so peak memory is a bounded
+read buffer (16 MiB, or one row of a tensor where a row is larger), not the model nor even the
+largest tensor. The manifest is planned and checked before the first byte is written
+(:func:`shardspec.writer.plan_checkpoint`) and committed last.
+
+Tied embeddings: Hugging Face files drop ``lm_head.weight`` when ``tie_word_embeddings`` is
+set. Convert gives it back, because serving frameworks need the LM head on the last pipeline
+stage: where the LM head and the embedding have the same pieces on the same ranks, the data is
+stored once and the other name is an alias (SPEC 7.6); otherwise (different stages, or styles
+that split them differently) ``lm_head.weight`` is written as a tensor of its own, read from the
+embedding. The stored name of a tied pair is the alphabetically smaller one (``lm_head.weight``
+before ``model.embed_tokens.weight``), which is the name vLLM's sharded-state saver keeps of
+tensors sharing storage, so vLLM's loader finds the keys it expects.
+
+:func:`merge` writes a Hugging Face directory back: shards of at most 5 GB
+(``model-00001-of-00002.safetensors`` plus ``model.safetensors.index.json``, or one
+``model.safetensors``), with the tied ``lm_head.weight`` dropped again when the config ties it
+and it equals the embedding, and the extra files copied (their checksums verified). A tensor
+split along dim 0 only is streamed piece by piece; any other is assembled in memory, so peak
+memory is about one tensor.
+
+:func:`import_vllm` adds a manifest to a directory written by vLLM's ``save_sharded_state``
+(``model-rank-{rank}-part-{part}.safetensors``): the TP size is the number of ranks, every
+tensor is rank-local (vLLM's pieces are not described as slices), every file is checksummed and
+nothing is rewritten or copied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import __version__
+from .checks import check_manifest, path_problem
+from .commit import commit_manifest, fsync_dir, uncommit, write_durably
+from .dtypes import DTYPES, byte_size
+from .errors import ShardspecError, raise_first_error
+from .hf import (
+    DEFAULT_MAX_SHARD_SIZE,
+    HF_INDEX,
+    HFError,
+    HFSource,
+    OutTensor,
+    SourceTensor,
+    hf_shard_names,
+    iter_slice,
+    plan_hf_shards,
+    scan_safetensors,
+    write_hf_index,
+    write_safetensors,
+)
+from .integrity import digest_stream
+from .limits import DEFAULT_MAX_FILE_SIZE, MANIFEST_NAME
+from .manifest import (
+    Alias,
+    FileRecord,
+    Layout,
+    Manifest,
+    Piece,
+    Quantization,
+    RankRecord,
+    TensorRecord,
+    format_version,
+)
+from .paths import resolve_inside
+from .reader import open_checkpoint
+from .schema import schema_findings
+from .stages import assign_stages
+from .tp_plan import PlanError, TPPlan, match_pattern, resolve_plan, split_dim, split_sizes
+from .validate import validate
+from .writer import (
+    RankInfo,
+    Shard,
+    TensorInfo,
+    copy_extra_files,
+    finish_manifest,
+    plan_checkpoint,
+    prepare_directory,
+)
+
+__all__ = [
+    "EMBEDDING_NAMES",
+    "LM_HEAD",
+    "Imported",
+    "Progress",
+    "convert",
+    "hf_extra_files",
+    "import_vllm",
+    "merge",
+]
+
+#: progress(bytes just written, total bytes to write)
+Progress = Callable[[int, int], None]
+
+LM_HEAD = "lm_head.weight"
+#: Names of the input embedding that ``tie_word_embeddings`` ties the LM head to, in the order
+#: they are looked for.
+EMBEDDING_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight", "transformer.wte.weight",
+                   "model.embed_in.weight", "gpt_neox.embed_in.weight")
+
+#: Never copied from a Hugging Face directory: weights in other formats and stale indexes.
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack",
+                    ".gguf", ".index.json")
+#: Never copied: Meta's original weights and tool caches.
+_SKIPPED_DIRS = ("original",)
+
+
+# --- convert ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Split:
+    """How one tensor is laid out: its source bytes, split dim, per-TP-rank sizes, stage."""
+
+    source: SourceTensor
+    style: str
+    dim: int | None
+    sizes: tuple[int, ...]
+    stage: int
+
+    def piece(self, tp_rank: int) -> tuple[Shard, tuple[int, ...], int, int]:
+        """(Shard, piece shape, start, stop) of ``tp_rank``'s piece."""
+        shape = self.source.shape
+        if self.dim is None:
+            return Shard(shape, (0,) * len(shape), replica=tp_rank), shape, 0, 0
+        start = sum(self.sizes[:tp_rank])
+        stop = start + self.sizes[tp_rank]
+        offset = tuple(start if d == self.dim else 0 for d in range(len(shape)))
+        piece = tuple(stop - start if d == self.dim else n for d, n in enumerate(shape))
+        return Shard(shape, offset), piece, start, stop
+
+
+def _tied_embedding(source: HFSource) -> str | None:
+    """The embedding the LM head is tied to, where the config ties them and the file lacks it."""
+    config = source.config or {}
+    if not config.get("tie_word_embeddings") or LM_HEAD in source.tensors:
+        return None
+    return next((n for n in EMBEDDING_NAMES if n in source.tensors), None)
+
+
+def _expand_stages(names: Iterable[str], stages: Mapping[str, int] | None) -> dict[str, int]:
+    """Stage overrides given by pattern (as in plans) -> by tensor name."""
+    out: dict[str, int] = {}
+    if not stages:
+        return out
+    names = list(names)
+    for pattern, stage in stages.items():
+        if isinstance(stage, bool) or not isinstance(stage, int):
+            raise PlanError(f"stage override {pattern!r}: the stage must be an integer")
+        matched = [n for n in names if match_pattern(pattern, n) is not None]
+        if not matched:
+            raise PlanError(f"stage override {pattern!r} matches no tensor")
+        out.update({n: stage for n in matched})
+    return out
+
+
+def _quantization(config: Mapping[str, Any] | None) -> Quantization:
+    quant = (config or {}).get("quantization_config")
+    if isinstance(quant, dict):
+        method = str(quant.get("quant_method", "")).lower()
+        if re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", method):
+            return Quantization(method=method, config=dict(quant))
+    return Quantization()
+
+
+def hf_extra_files(root: Path, exclude: Path | None = None) -> dict[str, Path]:
+    """The files of a Hugging Face directory that belong with the weights (config, tokenizer,
+    generation config, ...): every regular file except weights (``.safetensors``, ``.bin``,
+    ``.pt``, ...), indexes (``*.index.json``), hidden files, ``original/`` folders, a
+    ``shardspec.json`` and the folder ``exclude`` (a destination inside the source)."""
+    out: dict[str, Path] = {}
+    skip = None if exclude is None else exclude.resolve()
+    for folder, dirs, files in os.walk(root):
+        relative = Path(folder).relative_to(root)
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIPPED_DIRS
+                         and (Path(folder) / d).resolve() != skip)
+        for name in sorted(files):
+            path = Path(folder) / name
+            rel = (relative / name).as_posix()
+            if (name.startswith(".") or name.endswith(_WEIGHT_SUFFIXES)
+                    or rel == MANIFEST_NAME or not path.is_file()):
+                continue
+            if path_problem(rel):
+                raise HFError(f"cannot list {rel!r} as an extra file: {path_problem(rel)}")
+            out[rel] = path
+    return out
+
+
+def _plan_splits(
+    source: HFSource,
+    layout: Layout,
+    plan: TPPlan | Mapping[str, str] | None,
+    stages: Mapping[str, int] | None,
+    allow_uneven: bool,
+) -> tuple[dict[str, _Split], str | None]:
+    tied = _tied_embedding(source)
+    sources = dict(source.tensors)
+    if tied is not None:
+        sources[LM_HEAD] = source.tensors[tied]
+    tp_plan = resolve_plan(source.config, plan)
+    styles = tp_plan.styles(sources)
+    stage_of = assign_stages(sources, layout.pp_size, _expand_stages(sources, stages))
+    splits: dict[str, _Split] = {}
+    for name, src in sources.items():
+        dim = split_dim(styles[name], src.shape, name)
+        if dim is None:
+            sizes: list[int] = []
+        else:
+            sizes = split_sizes(src.shape[dim], layout.tp_size, allow_uneven=allow_uneven,
+                                name=name, dim=dim)
+        splits[name] = _Split(src, styles[name], dim, tuple(sizes), stage_of[name])
+    return splits, tied
+
+
+def _rank_infos(layout: Layout, splits: Mapping[str, _Split], tied: str | None
+                ) -> list[RankInfo]:
+    infos = []
+    for rank in range(layout.size):
+        coords = layout.coordinates(rank)
+        tensors: dict[str, TensorInfo] = {}
+        for name, split in splits.items():
+            if split.stage != coords["pp_rank"]:
+                continue
+            shard, shape, _, _ = split.piece(coords["tp_rank"])
+            dtype = split.source.dtype
+            nbytes = byte_size(dtype, shape)
+            if nbytes is None:
+                raise PlanError(f"tensor {name!r}: a piece of shape {list(shape)} in "
+                                f"{dtype.name} is not whole bytes (SPEC 6.5)")
+            tensors[name] = TensorInfo(dtype.name, shape, nbytes, shard)
+        aliases: dict[str, str] = {}
+        if tied is not None and tied in tensors and LM_HEAD in tensors \
+                and tensors[tied] == tensors[LM_HEAD]:
+            target, alias = sorted((tied, LM_HEAD))
+            aliases[alias] = target
+        infos.append(RankInfo(rank, tensors, aliases))
+    return infos
+
+
+def convert(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    tp_size: int,
+    pp_size: int = 1,
+    plan: TPPlan | Mapping[str, str] | None = None,
+    stages: Mapping[str, int] | None = None,
+    allow_uneven: bool = False,
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE,
+    overwrite: bool = False,
+    metadata: Mapping[str, str] | None = None,
+    progress: Progress | None = None,
+) -> Manifest:
+    """Convert the Hugging Face checkpoint directory ``src`` to a shardspec checkpoint ``dst``.
+
+    ``plan`` maps name patterns to styles (default: the config's ``base_model_tp_plan`` with
+    the common extras, else the built-in plan of Llama-, Mistral- and Qwen2-shaped models; see
+    :mod:`shardspec.tp_plan`). ``stages`` overrides the pipeline stage of the tensors its
+    patterns match (default: :func:`shardspec.stages.assign_stages`: contiguous runs of layers,
+    the embedding on the first stage, the final norm and LM head on the last). A split dim that
+    ``tp_size`` does not divide is refused unless ``allow_uneven``. Raises
+    :class:`~shardspec.tp_plan.PlanError` or :class:`~shardspec.hf.HFError` before writing
+    anything when the source or the plan is unusable.
+    """
+    for label, value in (("tp_size", tp_size), ("pp_size", pp_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{label} must be a positive integer, got {value!r}")
+    source = HFSource(src)
+    root = Path(dst)
+    if root.resolve() == source.root.resolve():
+        raise ValueError("the destination must be another directory than the source")
+    layout = Layout(tp_size=tp_size, pp_size=pp_size)
+    splits, tied = _plan_splits(source, layout, plan, stages, allow_uneven)
+    extras = hf_extra_files(source.root, exclude=root)
+    info = {"converted_from": "huggingface"}
+    draft = plan_checkpoint(
+        layout, _rank_infos(layout, splits, tied), quantization=_quantization(source.config),
+        metadata={**info, **(metadata or {})}, extra_files=list(extras),
+        max_file_size=max_file_size,
+    )
+    total = sum(byte_size(DTYPES[r.dtype], p.shape) or 0 for r in draft.tensors.values()
+                if isinstance(r, TensorRecord) for p in r.pieces)
+    prepare_directory(root, overwrite)
+    advance = None if progress is None else (lambda n: progress(n, total))
+    records: dict[str, FileRecord] = {}
+    for rank in range(layout.size):
+        tp_rank = layout.coordinates(rank)["tp_rank"]
+        for path, names in _names_by_file(draft, rank).items():
+            outs = [_piece_out(name, splits[name], tp_rank, draft) for name in names]
+            size, sha = write_safetensors(root / path, outs, metadata={"format": "pt"},
+                                          progress=advance)
+            records[path] = FileRecord(path=path, size=size, checksums={"sha256": sha})
+    records.update({f.path: f for f in copy_extra_files(root, extras)})
+    manifest = finish_manifest(draft, records)
+    commit_manifest(root, manifest.to_json())
+    return manifest
+
+
+def _names_by_file(draft: Manifest, rank: int) -> dict[str, list[str]]:
+    names: dict[str, list[str]] = {f.path: [] for f in draft.ranks[rank].files}
+    for name, record in draft.tensors.items():
+        if isinstance(record, TensorRecord):
+            piece = record.piece_of(rank)
+            if piece is not None:
+                names[piece.file].append(name)
+    return names
+
+
+def _piece_out(name: str, split: _Split, tp_rank: int, draft: Manifest) -> OutTensor:
+    record = draft.tensors[name]
+    assert isinstance(record, TensorRecord)
+    _, shape, start, stop = split.piece(tp_rank)
+    nbytes = byte_size(DTYPES[record.dtype], shape) or 0
+
+    def chunks() -> Iterator[bytes | bytearray]:
+        return iter_slice(split.source, split.dim, start, stop)
+
+    return OutTensor(name, record.dtype, shape, nbytes, chunks)
+
+
+# --- merge -----------------------------------------------------------------------------------
+
+
+class _PieceReader:
+    """Reads replica-0 pieces of a checkpoint's global tensors (headers parsed once a file)."""
+
+    def __init__(self, root: Path, manifest: Manifest) -> None:
+        self.root = root
+        self.manifest = manifest
+        self._files: dict[str, dict[str, SourceTensor]] = {}
+
+    def _source(self, file: str, name: str) -> SourceTensor:
+        if file not in self._files:
+            self._files[file] = scan_safetensors(resolve_inside(self.root, file), file)
+        return self._files[file][name]
+
+    def record(self, name: str) -> TensorRecord:
+        record = self.manifest.tensors[name]
+        if isinstance(record, Alias):
+            record = self.manifest.tensors[record.alias_of]
+        assert isinstance(record, TensorRecord)
+        return record
+
+    def nbytes(self, name: str) -> int:
+        record = self.record(name)
+        assert record.shape is not None
+        return byte_size(DTYPES[record.dtype], record.shape) or 0
+
+    def chunks(self, name: str) -> Iterator[bytes | bytearray]:
+        """The global tensor's bytes in row-major order."""
+        stored = name
+        if isinstance(self.manifest.tensors[name], Alias):
+            alias = self.manifest.tensors[name]
+            assert isinstance(alias, Alias)
+            stored = alias.alias_of
+        record = self.record(name)
+        assert record.shape is not None
+        shape = record.shape
+        if not self.nbytes(name):
+            return
+        pieces = sorted((p for p in record.pieces if p.replica == 0),
+                        key=lambda p: tuple(p.offset or ()))
+        if all(p.offset is not None and all(o == 0 for o in p.offset[1:])
+               and p.shape[1:] == shape[1:] for p in pieces):
+            for piece in pieces:  # split along dim 0 at most: the pieces follow each other
+                yield from iter_slice(self._source(piece.file, stored), None)
+            return
+        yield self._assemble(stored, record).tobytes()
+
+    def _assemble(self, stored: str, record: TensorRecord) -> np.ndarray[Any, Any]:
+        dtype = DTYPES[record.dtype]
+        shape = record.shape
+        assert shape is not None
+
+        def byte_shape(s: tuple[int, ...]) -> tuple[int, ...]:
+            if dtype.bits % 8 == 0:
+                return (*s, dtype.bits // 8)
+            return (*s[:-1], s[-1] * dtype.bits // 8)
+
+        if dtype.bits % 8 and (shape[-1] * dtype.bits % 8 or any(
+                (p.offset or ())[-1] != 0 or p.shape[-1] != shape[-1] for p in record.pieces)):
+            raise HFError(f"tensor {stored!r}: {dtype.name} pieces split along the last "
+                          "dimension cannot be reassembled byte-wise")
+        whole = np.empty(byte_shape(shape), dtype=np.uint8)
+        for piece in record.pieces:
+            if piece.replica:
+                continue
+            data = b"".join(iter_slice(self._source(piece.file, stored), None))
+            block = np.frombuffer(data, dtype=np.uint8).reshape(byte_shape(piece.shape))
+            offset = piece.offset or ()
+            if dtype.bits % 8:
+                where = tuple(slice(o, o + n) for o, n in zip(offset[:-1], piece.shape[:-1],
+                                                               strict=True))
+            else:
+                where = tuple(slice(o, o + n) for o, n in zip(offset, piece.shape, strict=True))
+            whole[where] = block
+        return whole
+
+    def digest(self, name: str) -> str:
+        hasher = hashlib.sha256()
+        for chunk in self.chunks(name):
+            hasher.update(chunk)
+        return hasher.hexdigest()
+
+
+def _merge_names(manifest: Manifest, reader: _PieceReader, config: Mapping[str, Any] | None
+                 ) -> list[str]:
+    """The tensors a merged Hugging Face checkpoint holds, in the manifest's order."""
+    names = []
+    for name, record in manifest.tensors.items():
+        if isinstance(record, TensorRecord) and record.rank_local:
+            raise HFError(f"tensor {name!r} is rank-local (SPEC 7.5): its pieces are not slices "
+                          "of one tensor, so merge cannot rebuild it")
+        names.append(name)
+    if not (config or {}).get("tie_word_embeddings") or LM_HEAD not in manifest.tensors:
+        return names
+    partner = _tie_partner(manifest)
+    if partner is None:
+        return names
+    same = _aliased(manifest, LM_HEAD, partner) or reader.digest(LM_HEAD) == reader.digest(
+        partner)
+    return [n for n in names if n != LM_HEAD] if same else names
+
+
+def _aliased(manifest: Manifest, a: str, b: str) -> bool:
+    def stored(name: str) -> str:
+        record = manifest.tensors[name]
+        return record.alias_of if isinstance(record, Alias) else name
+
+    return stored(a) == stored(b)
+
+
+def _tie_partner(manifest: Manifest) -> str | None:
+    for name in EMBEDDING_NAMES:
+        if name in manifest.tensors:
+            return name
+    record = manifest.tensors[LM_HEAD]
+    if isinstance(record, Alias):
+        return record.alias_of
+    aliases = [n for n, r in manifest.tensors.items()
+               if isinstance(r, Alias) and r.alias_of == LM_HEAD]
+    return aliases[0] if aliases else None
+
+
+def _prepare_hf_directory(root: Path, overwrite: bool) -> None:
+    if root.exists() and not root.is_dir():
+        raise NotADirectoryError(f"{root} exists and is not a directory")
+    root.mkdir(parents=True, exist_ok=True)
+    existing = [p.name for p in root.iterdir()]
+    if not existing:
+        return
+    if not overwrite:
+        raise FileExistsError(f"{root} is not empty; pass overwrite=True to replace the "
+                              "checkpoint in it")
+    uncommit(root)
+    weights = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
+    for name in existing:
+        if name == HF_INDEX or weights.match(name):
+            (root / name).unlink()
+    fsync_dir(root)
+
+
+def merge(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
+    overwrite: bool = False,
+    verify: bool = False,
+    progress: Progress | None = None,
+) -> list[str]:
+    """Write the shardspec checkpoint ``src`` as a Hugging Face checkpoint directory ``dst``.
+
+    The checkpoint is validated first (with every checksum when ``verify``). Returns the
+    weight files written (``model.safetensors``, or the shards and the index, last).
+    """
+    source_root = Path(src)
+    root = Path(dst)
+    if root.resolve() == source_root.resolve():
+        raise ValueError("the destination must be another directory than the source")
+    checkpoint = open_checkpoint(source_root)
+    raise_first_error(validate(source_root, checksums=verify).findings)
+    manifest = checkpoint.manifest
+    config = None
+    if any(f.path == "config.json" for f in manifest.extra_files):
+        config = _read_json(resolve_inside(source_root, "config.json"))
+    reader = _PieceReader(source_root, manifest)
+    names = _merge_names(manifest, reader, config)
+    sizes = [(name, reader.nbytes(name)) for name in names]
+    shards = plan_hf_shards(sizes, max_shard_size)
+    files = hf_shard_names(len(shards))
+    total = sum(size for _, size in sizes)
+    advance = None if progress is None else (lambda n: progress(n, total))
+    _prepare_hf_directory(root, overwrite)
+    for extra in manifest.extra_files:
+        _copy_verified(source_root, root, extra)
+    weight_map: dict[str, str] = {}
+    for file, shard in zip(files, shards, strict=True):
+        outs = []
+        for name in shard:
+            record = reader.record(name)
+            assert record.shape is not None
+            outs.append(OutTensor(name, record.dtype, record.shape, reader.nbytes(name),
+                                  _bind(reader.chunks, name)))
+            weight_map[name] = file
+        write_safetensors(root / file, outs, metadata={"format": "pt"}, progress=advance)
+    fsync_dir(root)
+    if len(files) > 1:
+        write_hf_index(root, weight_map, total)
+        files.append(HF_INDEX)
+    return files
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise HFError(f"{path}: not valid JSON: {exc}") from None
+    return data if isinstance(data, dict) else None
+
+
+def _bind(function: Callable[[str], Iterator[bytes | bytearray]], name: str
+          ) -> Callable[[], Iterator[bytes | bytearray]]:
+    return lambda: function(name)
+
+
+def _copy_verified(source_root: Path, root: Path, record: FileRecord) -> None:
+    """Copy an extra file, checking its size and sha256 against the manifest."""
+    source = resolve_inside(source_root, record.path)
+    target = root / record.path
+    target.parent.mkdir(parents=True, exist_ok=True)
+
+    def copy(temp: Path) -> None:
+        shutil.copyfile(source, temp)
+        with temp.open("rb") as handle:
+            digests, size = digest_stream(handle)
+        expected = record.checksums.get("sha256")
+        if size != record.size or digests["sha256"] != expected:
+            raise HFError(f"extra file {record.path}: its size or sha256 differs from the "
+                          "manifest (SPEC 9)")
+
+    write_durably(target, copy)
+    fsync_dir(target.parent)
+
+
+# --- import-vllm -----------------------------------------------------------------------------
+
+_VLLM_FILE = re.compile(r"^model-rank-(0|[1-9][0-9]*)-part-(0|[1-9][0-9]*)\.safetensors$")
+
+
+@dataclass(frozen=True)
+class Imported:
+    """The committed manifest and the files left out of it (with why)."""
+
+    manifest: Manifest
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def import_vllm(
+    path: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> Imported:
+    """Commit a manifest for the vLLM ``save_sharded_state`` directory at ``path``.
+
+    Data files are ``model-rank-{rank}-part-{part}.safetensors``; ranks must be 0..R-1 and each
+    rank's parts 0..P-1, without gaps; the TP size is R. Every tensor is recorded rank-local.
+    Other files become extra files, except stale indexes (``*.index.json``), ``original/``
+    folders and hidden files, which are skipped (and reported); any other weight file
+    (``*.safetensors``, ``*.bin``, ``*.pt``...) at the top is refused as ambiguous. Nothing is
+    rewritten or copied: only ``shardspec.json`` is added. Refuses a directory that already
+    holds a manifest unless ``overwrite``.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise HFError(f"{root}: not a directory")
+    if (root / MANIFEST_NAME).exists() and not overwrite:
+        raise FileExistsError(f"{root} already holds {MANIFEST_NAME}; pass overwrite=True to "
+                              "replace it")
+    files: dict[int, dict[int, str]] = {}
+    stray = []
+    for entry in sorted(os.listdir(root)):
+        match = _VLLM_FILE.match(entry)
+        if match:
+            files.setdefault(int(match[1]), {})[int(match[2])] = entry
+        elif (entry.endswith(_WEIGHT_SUFFIXES) and not entry.endswith(".index.json")) \
+                or entry.startswith("model-rank-"):
+            stray.append(entry)
+    if stray:
+        raise HFError(f"{root} holds weight files that are not vLLM sharded-state files "
+                      f"model-rank-{{rank}}-part-{{part}}.safetensors: {stray}")
+    if not files:
+        raise HFError(f"{root} holds no model-rank-{{rank}}-part-{{part}}.safetensors files")
+    world = len(files)
+    if sorted(files) != list(range(world)):
+        missing = sorted(set(range(max(files) + 1)) - set(files))
+        raise HFError(f"ranks {missing} have no files: ranks must be 0..{max(files)} without "
+                      "gaps")
+    for rank, parts in files.items():
+        if sorted(parts) != list(range(len(parts))):
+            missing = sorted(set(range(max(parts) + 1)) - set(parts))
+            raise HFError(f"rank {rank} lacks parts {missing}: parts must count from 0 without "
+                          "gaps")
+    layout = Layout(tp_size=world)
+    total = sum((root / name).stat().st_size for parts in files.values()
+                for name in parts.values())
+    advance = None if progress is None else (lambda n: progress(n, total))
+    ranks: list[RankRecord] = []
+    pieces: dict[str, list[Piece]] = {}
+    dtypes: dict[str, str] = {}
+    for rank in range(world):
+        records = []
+        for part in range(len(files[rank])):
+            name = files[rank][part]
+            for tensor, src in scan_safetensors(root / name).items():
+                dtype = dtypes.setdefault(tensor, src.dtype.name)
+                if dtype != src.dtype.name:
+                    raise HFError(f"tensor {tensor!r} is {dtype} on one rank and "
+                                  f"{src.dtype.name} in {name}")
+                if any(p.rank == rank for p in pieces.get(tensor, ())):
+                    raise HFError(f"rank {rank} holds tensor {tensor!r} twice (in {name} too)")
+                pieces.setdefault(tensor, []).append(Piece(rank=rank, file=name,
+                                                           shape=src.shape))
+            with (root / name).open("rb") as handle:
+                digests, size = digest_stream(handle, progress=advance)
+            records.append(FileRecord(path=name, size=size, checksums=digests))
+        ranks.append(RankRecord(rank=rank, **layout.coordinates(rank), files=tuple(records)))
+    extras, skipped = _vllm_extras(root, {n for parts in files.values() for n in parts.values()})
+    manifest = Manifest(
+        format_version=format_version(), layout=layout, ranks=tuple(ranks),
+        quantization=Quantization(),
+        tensors={name: TensorRecord(dtype=dtypes[name], shape=None, pieces=tuple(p))
+                 for name, p in pieces.items()},
+        extra_files=tuple(extras), metadata={"imported_from": "vllm sharded_state"},
+        generator=f"shardspec {__version__}",
+    )
+    raise_first_error(schema_findings(manifest.to_dict()))
+    raise_first_error(check_manifest(manifest))
+    uncommit(root)
+    commit_manifest(root, manifest.to_json())
+    return Imported(manifest, skipped)
+
+
+def _vllm_extras(root: Path, data_files: set[str]) -> tuple[list[FileRecord], dict[str, str]]:
+    extras: list[FileRecord] = []
+    skipped: dict[str, str] = {}
+    for folder, dirs, names in os.walk(root):
+        relative = Path(folder).relative_to(root)
+        for d in sorted(dirs):
+            if d.startswith(".") or d in _SKIPPED_DIRS:
+                skipped[(relative / d).as_posix() + "/"] = (
+                    "hidden folder" if d.startswith(".") else "original weights folder")
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _SKIPPED_DIRS)
+        for name in sorted(names):
+            rel = (relative / name).as_posix()
+            if rel in data_files or rel == MANIFEST_NAME:
+                continue
+            if name.startswith("."):
+                skipped[rel] = "hidden file"
+                continue
+            if name.endswith(".index.json"):
+                skipped[rel] = "stale index of other weight files"
+                continue
+            if name.endswith(_WEIGHT_SUFFIXES):
+                skipped[rel] = "weight file of another format"
+                continue
+            problem = path_problem(rel)
+            if not problem:
+                try:
+                    resolve_inside(root, rel)
+                except ShardspecError as exc:
+                    problem = exc.finding.message
+            if problem or not (Path(folder) / name).is_file():
+                skipped[rel] = problem or "not a regular file"
+                continue
+            with (Path(folder) / name).open("rb") as handle:
+                digests, size = digest_stream(handle)
+            extras.append(FileRecord(path=rel, size=size, checksums=digests))
+    return extras, skipped

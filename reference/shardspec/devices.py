@@ -39,6 +39,10 @@ def resolve_device(device: DeviceLike) -> torch.device:
             raise _invalid(device, str(exc)) from None
     elif not isinstance(device, torch.device):
         raise _invalid(device, "expected a torch.device, a string, an int or None")
+    if device.type not in ("cpu", "cuda"):
+        # the loader reads into host memory and stages to CUDA; any other device would get
+        # host tensors back without a word
+        raise _invalid(device, "the reference reader loads onto 'cpu' or 'cuda' devices only")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise _invalid(device, "CUDA is not available on this machine")

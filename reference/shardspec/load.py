@@ -100,6 +100,9 @@ class _CudaStager:
         self, handle: Readable, count: int, path: str, digest: Any | None
     ) -> torch.Tensor:
         out = torch.empty(count, dtype=torch.uint8, device=self.device)
+        # ``out`` may reuse memory that work queued on the current stream still uses; the copies
+        # run on a side stream, so they must wait for that work first.
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
         position, turn = 0, 0
         while position < count:
             size = min(CHUNK_BYTES, count - position)

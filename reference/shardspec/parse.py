@@ -127,5 +127,6 @@ def read_manifest(root: Path, *, ignore_extensions: Collection[str] = ()) -> Par
             return ParsedManifest(None, [Finding(
                 code="json-too-large", file=MANIFEST_NAME,
                 message=f"{size} bytes is over the limit of {MAX_MANIFEST_BYTES}")])
-        data = handle.read(MAX_MANIFEST_BYTES + 1)
+        # read(n) allocates n bytes up front: size it by the file's real size, not the limit.
+        data = handle.read(size + 1)
     return parse_manifest(data, ignore_extensions=ignore_extensions)

@@ -80,6 +80,10 @@ def split(tensor: torch.Tensor, dim: int | None, parts: int) -> list[tuple[torch
     if dim is None:
         zeros = (0,) * len(global_shape)
         return [(tensor, Shard(global_shape, zeros, replica=i)) for i in range(parts)]
+    if not -tensor.dim() <= dim < tensor.dim():
+        raise ValueError(f"dim {dim} is out of range for a tensor of {tensor.dim()} dimensions"
+                         + (" (a scalar can only be replicated: dim=None)" if not tensor.dim()
+                            else ""))
     dim = dim % tensor.dim()
     scale = dtype.per_torch_element if dim == tensor.dim() - 1 else 1
     out, start = [], 0
@@ -415,7 +419,13 @@ def extra_sources(
 ) -> dict[str, Path]:
     if isinstance(extra_files, Mapping):
         return {str(name): Path(source) for name, source in extra_files.items()}
-    return {Path(source).name: Path(source) for source in extra_files}
+    sources: dict[str, Path] = {}
+    for source in map(Path, extra_files):
+        if source.name in sources:
+            raise ValueError(f"extra files {str(sources[source.name])!r} and {str(source)!r} "
+                             "share a base name; pass a mapping of names to sources")
+        sources[source.name] = source
+    return sources
 
 
 def copy_extra_files(root: Path, sources: Mapping[str, Path]) -> list[FileRecord]:

@@ -1,0 +1,47 @@
+"""SPEC 11.2 on a real CUDA device (skipped where there is none)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import shardspec
+from conftest import Tiny, assert_same_tensor
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def test_load_rank_places_tensors_on_the_device_bit_exact(tiny: Tiny) -> None:
+    for rank in range(2):
+        loaded = shardspec.load_rank(tiny.path, rank, "cuda:0", verify=True)
+        assert set(loaded) == set(tiny.expected[rank])
+        for name, tensor in tiny.expected[rank].items():
+            assert loaded[name].device == torch.device("cuda", 0)
+            assert_same_tensor(loaded[name], tensor)
+        assert loaded["lm_head.weight"].data_ptr() == loaded["model.embed_tokens.weight"].data_ptr()
+
+
+def test_default_device_is_cuda_local_rank(tiny: Tiny, monkeypatch: pytest.MonkeyPatch) -> None:
+    local_rank = torch.cuda.device_count() - 1
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    loaded = shardspec.load_rank(tiny.path, 1)
+    assert {t.device for t in loaded.values()} == {torch.device("cuda", local_rank)}
+
+
+def test_large_file_streams_through_the_staging_buffers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shardspec.load
+
+    monkeypatch.setattr(shardspec.load, "CHUNK_BYTES", 1 << 16)  # many chunks, both buffers
+    tensor = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8)
+    shardspec.save({0: {"t": tensor, "odd": torch.arange(7, dtype=torch.int16)}},
+                   tmp_path / "c", layout=shardspec.Layout(tp_size=1))
+    loaded = shardspec.load_rank(tmp_path / "c", 0, "cuda:0", verify=True)
+    assert torch.equal(loaded["t"].cpu(), tensor)
+    assert loaded["odd"].cpu().tolist() == list(range(7))

@@ -1,0 +1,126 @@
+"""SPEC 3.2-3.4: the strict JSON dialect shared by the manifest and safetensors headers."""
+
+from __future__ import annotations
+
+import pytest
+
+from shardspec.json_dialect import JSONProblem, parse_strict_json
+from shardspec.parse import parse_manifest
+
+LIMITS = {"max_bytes": 1_000_000, "max_depth": 64}
+
+
+def kind_of(data: bytes, **limits: int) -> str:
+    with pytest.raises(JSONProblem) as info:
+        parse_strict_json(data, **{**LIMITS, **limits})
+    return info.value.kind
+
+
+def test_plain_json_parses() -> None:
+    assert parse_strict_json(b'{"a": [1, 2.5, "x", true, null]}', **LIMITS) == {
+        "a": [1, 2.5, "x", True, None]
+    }
+
+
+def test_duplicate_name_is_refused() -> None:
+    assert kind_of(b'{"a": 1, "a": 2}') == "duplicate-name"
+
+
+def test_nested_duplicate_name_is_refused() -> None:
+    assert kind_of(b'{"outer": [{"inner": {"k": 1, "k": 1}}]}') == "duplicate-name"
+
+
+def test_same_name_in_different_objects_is_fine() -> None:
+    assert parse_strict_json(b'{"a": {"k": 1}, "b": {"k": 2}}', **LIMITS) == {
+        "a": {"k": 1}, "b": {"k": 2}}
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity"])
+def test_nonfinite_constants_are_refused(literal: bytes) -> None:
+    assert kind_of(b'{"x": ' + literal + b"}") == "nonfinite"
+
+
+@pytest.mark.parametrize("literal", [b"1e400", b"-1e400"])
+def test_numbers_that_overflow_to_infinity_are_refused(literal: bytes) -> None:
+    assert kind_of(b'{"x": ' + literal + b"}") == "nonfinite"
+
+
+def test_byte_order_mark_is_refused() -> None:
+    assert kind_of(b'\xef\xbb\xbf{"a": 1}') == "encoding"
+
+
+def test_invalid_utf8_is_refused() -> None:
+    assert kind_of(b'{"a": "\xff\xfe"}') == "encoding"
+
+
+def test_lone_surrogate_escape_in_a_key_is_refused() -> None:
+    assert kind_of(b'{"\\ud800": 1}') == "encoding"
+
+
+def test_lone_surrogate_escape_in_a_value_is_refused() -> None:
+    assert kind_of(b'{"a": ["ok", "\\ud800"]}') == "encoding"
+
+
+def test_surrogate_pair_escape_is_fine() -> None:
+    assert parse_strict_json(b'{"a": "\\ud83d\\ude00"}', **LIMITS) == {"a": "\U0001f600"}
+
+
+def nested(levels: int) -> bytes:
+    return b"[" * levels + b"]" * levels
+
+
+def test_depth_64_is_accepted() -> None:
+    value = parse_strict_json(nested(64), **LIMITS)
+    for _ in range(63):
+        value = value[0]
+    assert value == []
+
+
+def test_depth_65_is_too_deep() -> None:
+    assert kind_of(nested(65)) == "too-deep"
+
+
+def test_objects_count_toward_depth() -> None:
+    deep = b'{"a":' * 65 + b"1" + b"}" * 65
+    assert kind_of(deep) == "too-deep"
+    ok = b'{"a":' * 64 + b"1" + b"}" * 64
+    parse_strict_json(ok, **LIMITS)
+
+
+def test_pathological_nesting_is_too_deep_not_a_crash() -> None:
+    assert kind_of(nested(200_000), max_bytes=1_000_000) == "too-deep"
+
+
+def test_too_large_is_refused_before_parsing() -> None:
+    data = b'{"a": "' + b"x" * 100 + b'"}'
+    assert kind_of(data, max_bytes=len(data) - 1) == "too-large"
+    parse_strict_json(data, max_bytes=len(data), max_depth=64)
+
+
+def test_huge_integer_literal_is_a_syntax_error_not_a_crash() -> None:
+    assert kind_of(b'{"a": ' + b"9" * 5000 + b"}") == "syntax"
+
+
+@pytest.mark.parametrize("data", [b"", b"{", b'{"a": 1,}', b"{'a': 1}", b'{"a": 1} x',
+                                  b'{"a": "\x01"}'])
+def test_malformed_json_is_a_syntax_error(data: bytes) -> None:
+    assert kind_of(data) == "syntax"
+
+
+@pytest.mark.parametrize(
+    ("data", "code"),
+    [
+        (b'{"a": 1, "a": 1}', "json-duplicate-name"),
+        (b'{"a": NaN}', "json-nonfinite"),
+        (b'{"a": 1e400}', "json-nonfinite"),
+        (b'\xef\xbb\xbf{}', "json-encoding"),
+        (b'{"\\ud800": 1}', "json-encoding"),
+        (b"{", "json-syntax"),
+        (nested(65), "json-too-deep"),
+    ],
+)
+def test_parse_manifest_maps_dialect_problems_to_codes(data: bytes, code: str) -> None:
+    parsed = parse_manifest(data)
+    assert parsed.manifest is None
+    assert [f.code for f in parsed.findings] == [code]
+    assert parsed.findings[0].section.startswith("3.")

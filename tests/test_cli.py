@@ -190,3 +190,9 @@ def test_subprocess_exit_codes_and_no_traceback(tiny: Tiny) -> None:
     assert missing.returncode == 2
     for result in (ok, bad, missing):
         assert "Traceback" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("rank", ["2", "-1", "x"])
+def test_validate_rank_out_of_range_could_not_run(tiny: Tiny, rank: str) -> None:
+    code, _, err = run("validate", str(tiny.path), "--rank", rank)
+    assert code == 2

@@ -116,6 +116,10 @@ def validate_command(
 ) -> None:
     """Check a checkpoint: manifest, schema, layout, coverage, every data file; report all."""
     _require_directory(path)
+    if rank is not None:
+        manifest = read_manifest(path).manifest
+        if manifest is not None and rank >= manifest.world_size:
+            _cannot_run(f"--rank {rank} is not in 0..{manifest.world_size - 1}")
     if checksums and not as_json and err.is_terminal:
         report = _validate_with_progress(path, rank, ignore_extension or [])
     else:

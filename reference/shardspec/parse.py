@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .checks import check_manifest
 from .errors import Finding
-from .json_dialect import JSONProblem, parse_strict_json
+from .json_dialect import JSONProblem, parse_strict_json_numbers
 from .limits import (
     MANIFEST_NAME,
     MAX_JSON_DEPTH,
@@ -58,7 +58,8 @@ def parse_manifest(data: bytes, *, ignore_extensions: Collection[str] = ()) -> P
     """Check manifest bytes against SPEC 3-7 and build the typed manifest."""
     where = {"file": MANIFEST_NAME}
     try:
-        raw = parse_strict_json(data, max_bytes=MAX_MANIFEST_BYTES, max_depth=MAX_JSON_DEPTH)
+        raw, has_floats = parse_strict_json_numbers(
+            data, max_bytes=MAX_MANIFEST_BYTES, max_depth=MAX_JSON_DEPTH)
     except JSONProblem as problem:
         return ParsedManifest(None, [Finding(code=_JSON_CODES[problem.kind],
                                              message=problem.message, **where)])
@@ -80,7 +81,7 @@ def parse_manifest(data: bytes, *, ignore_extensions: Collection[str] = ()) -> P
                 code="version-newer-minor", json_path="$.format_version", **where,
                 message=f"format version {version} is newer than {SUPPORTED_MAJOR}."
                 f"{SUPPORTED_MINOR}; fields this reader does not know are ignored"))
-    schema = list(schema_findings(raw, allow_unknown_fields=newer_minor))
+    schema = list(schema_findings(raw, allow_unknown_fields=newer_minor, has_floats=has_floats))
     findings += [
         Finding(code=f.code, message=f.message, tensor=f.tensor, json_path=f.json_path,
                 hint=f.hint, **where) for f in schema

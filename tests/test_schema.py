@@ -1,0 +1,54 @@
+"""The fast (jsonschema-rs) and reference (jsonschema) checks of the one schema agree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardspec import schema
+from shardspec.json_dialect import JSONProblem, parse_strict_json
+from shardspec.limits import MAX_JSON_DEPTH, MAX_MANIFEST_BYTES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _manifests() -> list[tuple[str, Any]]:
+    out = []
+    for path in sorted((REPO / "schema" / "examples").rglob("*.json")):
+        data = json.loads(path.read_text())
+        out.append((str(path.relative_to(REPO)), data.get("manifest", data)))
+    for path in sorted((REPO / "conformance" / "vectors").glob("*/checkpoint/shardspec.json")):
+        if not path.is_file():
+            continue
+        try:
+            data = parse_strict_json(path.read_bytes(), max_bytes=MAX_MANIFEST_BYTES,
+                                     max_depth=MAX_JSON_DEPTH)
+        except JSONProblem:
+            continue  # the JSON dialect rejects it before any schema check
+        out.append((str(path.relative_to(REPO)), data))
+    return out
+
+
+MANIFESTS = _manifests()
+
+
+def test_the_accelerator_is_installed() -> None:
+    assert schema._fast_validator() is not None
+
+
+@pytest.mark.parametrize(("name", "data"), MANIFESTS, ids=[name for name, _ in MANIFESTS])
+def test_fast_and_reference_validators_agree(name: str, data: Any) -> None:
+    reference_ok = not any(True for _ in schema._validator().iter_errors(data))
+    assert schema.is_valid(data) == reference_ok
+    assert schema.is_valid(data, has_floats=schema._has_float(data)) == reference_ok
+
+
+def test_a_float_where_an_integer_belongs_is_caught_on_the_fast_path() -> None:
+    data = json.loads((REPO / "schema" / "examples" / "valid" / "minimal.json").read_text())
+    assert schema.is_valid(data, has_floats=False)
+    data["layout"]["tp_size"] = 1.0
+    assert not schema.is_valid(data)
+    assert [f.code for f in schema.schema_findings(data, has_floats=True)] == ["schema"]

@@ -25,11 +25,13 @@ class JSONProblem(Exception):
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise JSONProblem("duplicate-name", f"the name {key!r} appears twice in one object")
-        obj[key] = value
+    obj = dict(pairs)
+    if len(obj) != len(pairs):  # rare: only then look for the name to report
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise JSONProblem("duplicate-name", f"the name {key!r} appears twice in one object")
+            seen.add(key)
     return obj
 
 

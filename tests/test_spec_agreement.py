@@ -46,6 +46,7 @@ SECTION_MAP = {
     "10": "Writing", "10.1": "Commit protocol", "10.2": "Rewriting a directory",
     "10.3": "Writer duties",
     "11": "Reading", "11.1": "Reader procedure", "11.2": "Device placement",
+    "11.3": "Resharding",
     "12": "Limits", "13": "Error codes", "14": "Changelog",
 }
 

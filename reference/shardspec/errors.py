@@ -230,6 +230,9 @@ CODES: dict[str, Code] = {
     "device-invalid": _e(RequestError, "11.2", "the requested device is not usable"),
     "world-size-mismatch": _e(RequestError, "11.1", "the process group's size differs from the "
                               "checkpoint's world size"),
+    "reshard-rank-local": _e(RequestError, "11.3", "rank-local tensors cannot be resharded"),
+    "reshard-unsupported": _e(RequestError, "11.3", "the checkpoint cannot be resharded to the "
+                              "requested layout"),
 }
 
 

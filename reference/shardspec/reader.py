@@ -14,6 +14,7 @@ from .load import execute_plan
 from .manifest import Layout, Manifest
 from .parse import read_manifest
 from .plan import RankPlan, plan_rank
+from .reshard_load import load_resharded
 
 __all__ = ["Checkpoint", "load_rank", "open_checkpoint"]
 
@@ -63,6 +64,7 @@ class Checkpoint:
         *,
         verify: bool = False,
         expect_quantization: str | None = None,
+        layout: Layout | None = None,
     ) -> dict[str, torch.Tensor]:
         """Load ``rank``'s tensors onto ``device``, reading only that rank's files.
 
@@ -70,8 +72,22 @@ class Checkpoint:
         ``verify`` checks every file's sha256 while reading. ``expect_quantization`` (a method
         name, ``"none"`` for unquantized) refuses a checkpoint quantized otherwise (SPEC 8.3).
         Aliases come back as the same tensor as their target.
+
+        ``layout`` other than the checkpoint's reshards on load (SPEC 11.3): ``rank`` is a rank
+        of ``layout``, and only the byte ranges of the source files that overlap its pieces are
+        read. Rank-local tensors cannot be resharded (RequestError ``reshard-rank-local``).
+        With ``verify`` every source file the load reads from is hashed whole, so verifying
+        reads those files in full.
         """
+        if layout is not None and layout != self.layout:
+            self._check_quantization(expect_quantization)
+            return load_resharded(self.path, self.manifest, rank, layout,
+                                  resolve_device(device), verify=verify)
         plan = self.plan(rank)
+        self._check_quantization(expect_quantization)
+        return execute_plan(self.path, plan, resolve_device(device), verify=verify)
+
+    def _check_quantization(self, expect_quantization: str | None) -> None:
         method = self.manifest.quantization.method
         if expect_quantization is not None and expect_quantization != method:
             raise QuantizationError(Finding(
@@ -79,7 +95,6 @@ class Checkpoint:
                 json_path="$.quantization.method",
                 message=f"asked to load with quantization {expect_quantization!r} but the "
                 f"checkpoint is quantized with {method!r}"))
-        return execute_plan(self.path, plan, resolve_device(device), verify=verify)
 
 
 def open_checkpoint(
@@ -105,9 +120,10 @@ def load_rank(
     verify: bool = False,
     expect_quantization: str | None = None,
     ignore_extensions: Collection[str] = (),
+    layout: Layout | None = None,
 ) -> dict[str, torch.Tensor]:
     """Shortcut: ``open(path).load_rank(rank, device, ...)``."""
     checkpoint = open_checkpoint(path, ignore_extensions=ignore_extensions)
     return checkpoint.load_rank(
-        rank, device, verify=verify, expect_quantization=expect_quantization
+        rank, device, verify=verify, expect_quantization=expect_quantization, layout=layout
     )

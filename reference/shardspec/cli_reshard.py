@@ -1,0 +1,93 @@
+"""``shardspec reshard SRC DST --tp N [--pp M]``: write a checkpoint again with another layout.
+
+Registered on :data:`shardspec.cli.app` when :mod:`shardspec.cli` is imported. Exit status: 0
+written, 1 the checkpoint is invalid or cannot be resharded (the finding is printed), 2 the
+command could not run (bad arguments, a destination that is not empty).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from .cli import (
+    EXIT_INVALID,
+    PathArg,
+    _cannot_run,
+    _human,
+    _open,
+    _print_finding,
+    app,
+    err,
+    out,
+)
+from .errors import ShardspecError
+from .manifest import Layout, Manifest
+from .reshard_load import reshard
+
+__all__ = ["reshard_command"]
+
+
+@app.command("reshard")
+def reshard_command(
+    source: PathArg,
+    destination: Annotated[Path, typer.Argument(help="Where to write the resharded checkpoint.",
+                                                show_default=False)],
+    tp: Annotated[int, typer.Option("--tp", help="The new tp_size.", min=1, max=65536,
+                                    show_default=False)],
+    pp: Annotated[int | None, typer.Option(
+        "--pp", help="The new pp_size (default: the checkpoint's).", min=1, max=65536)] = None,
+    overwrite: Annotated[bool, typer.Option(
+        "--overwrite", help="Replace a checkpoint already in DESTINATION.")] = False,
+    verify: Annotated[bool, typer.Option(
+        "--verify", help="Also check the sha256 of every source file read (reads them whole).")
+    ] = False,
+    ignore_extension: Annotated[list[str] | None, typer.Option(
+        "--ignore-extension", help="A must-understand extension known to be safe to ignore.")
+    ] = None,
+) -> None:
+    """Write SOURCE again at DESTINATION with another tp_size and pp_size (SPEC 11.3).
+
+    Each new rank's pieces are read from the byte ranges of the source files that hold them,
+    one rank at a time. Rank-local tensors cannot be resharded.
+    """
+    old: Manifest = _open(source, ignore_extension).manifest
+    layout = Layout(tp_size=tp, pp_size=pp or old.layout.pp_size, ep_size=old.layout.ep_size,
+                    rank_order=old.layout.rank_order)
+    if destination.exists() and os.path.realpath(destination) == os.path.realpath(source):
+        _cannot_run("DESTINATION is the source checkpoint: write the new layout elsewhere")
+    try:
+        if err.is_terminal:
+            with Progress("[progress.description]{task.description}", BarColumn(),
+                          DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
+                          console=err, transient=True) as bar:
+                task = bar.add_task("resharding", total=None)
+                manifest = reshard(
+                    source, destination, layout, overwrite=overwrite, verify=verify,
+                    ignore_extensions=tuple(ignore_extension or ()),
+                    progress=lambda done, total: bar.update(task, completed=done, total=total))
+        else:
+            manifest = reshard(source, destination, layout, overwrite=overwrite, verify=verify,
+                               ignore_extensions=tuple(ignore_extension or ()))
+    except ShardspecError as exc:
+        _print_finding(exc.finding)
+        raise typer.Exit(EXIT_INVALID) from None
+    except FileExistsError:
+        _cannot_run(f"{destination} is not empty; pass --overwrite to replace the checkpoint "
+                    "in it")
+    except (OSError, ValueError) as exc:
+        _cannot_run(f"{destination}: {exc}")
+    size = sum(f.size for r in manifest.ranks for f in r.files)
+    out.print(f"[bold green]resharded[/] {source} (tp={old.layout.tp_size} "
+              f"pp={old.layout.pp_size}) -> {destination} (tp={layout.tp_size} "
+              f"pp={layout.pp_size}): {layout.size} ranks, {_human(size)} of data")

@@ -1,0 +1,434 @@
+"""Resharding, the reads: a :class:`~shardspec.reshard_plan.ReshardPlan` -> tensors (SPEC 11.3).
+
+Only the byte ranges of the source pieces that overlap a target piece are read, with
+``os.preadv`` at their file offsets; runs less than :data:`COALESCE_GAP` apart are read as one.
+A run that is contiguous both in its source entry and in its target piece (a column-parallel
+slice, a replicated tensor) is read straight into the target's memory; others (a row-parallel
+slice) are read into a scratch buffer and copied with one strided copy. Every source file is
+opened by SPEC 2.2, its size checked against the manifest (9.1) and its header checked (6.3)
+and compared with the manifest (7.2) before any of its data is read.
+
+:func:`reshard` writes a whole resharded checkpoint, one target rank at a time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from numpy.lib.stride_tricks import as_strided
+
+from .commit import commit_manifest
+from .dtypes import DTYPES, torch_layout
+from .errors import Finding, IntegrityError, SafetensorsError, ShardspecError, error_for
+from .integrity import digest_stream
+from .manifest import FileRecord, Layout, Manifest, TensorRecord
+from .paths import open_inside, resolve_inside
+from .plan import FilePlan, plan_rank
+from .reshard_plan import Resharder, ReshardPlan, SourcePiece, TargetPiece
+from .safetensors_header import Header, read_header
+from .writer import (
+    RankInfo,
+    Shard,
+    TensorInfo,
+    copy_extra_files,
+    finish_manifest,
+    plan_checkpoint,
+    prepare_directory,
+    write_rank,
+)
+
+__all__ = [
+    "COALESCE_GAP",
+    "READ_THREADS",
+    "ReadStats",
+    "execute_reshard",
+    "load_resharded",
+    "rank_info",
+    "reshard",
+]
+
+#: Runs of wanted bytes at most this far apart in a file are read with one read call: reading a
+#: gap this small costs less than another request to the storage.
+COALESCE_GAP = 1 << 20
+
+#: Source files read at the same time.
+READ_THREADS = 4
+
+#: Each target tensor starts at a multiple of this in the rank's buffer.
+_ALIGN = 64
+
+#: Bytes -> the numpy type copies move them in.
+_UNITS: dict[int, type[np.generic]] = {8: np.int64, 4: np.int32, 2: np.int16, 1: np.uint8}
+
+
+@dataclass
+class ReadStats:
+    """What a resharding load read: counts, for benchmarks and tests."""
+
+    #: source files opened, in order
+    files_opened: list[str] = field(default_factory=list)
+    #: bytes of length prefixes and headers read
+    header_bytes: int = 0
+    #: bytes of tensor data read (wanted bytes plus the coalesced gaps)
+    data_bytes: int = 0
+    #: bytes read to verify checksums (whole files; only with verify=True)
+    verify_bytes: int = 0
+    #: read calls for tensor data
+    reads: int = 0
+    #: bytes of the target pieces returned
+    target_bytes: int = 0
+
+    @property
+    def bytes_read(self) -> int:
+        return self.header_bytes + self.data_bytes + self.verify_bytes
+
+
+def load_resharded(
+    root: Path,
+    manifest: Manifest,
+    rank: int,
+    layout: Layout,
+    device: torch.device,
+    *,
+    verify: bool = False,
+    stats: ReadStats | None = None,
+    resharder: Resharder | None = None,
+) -> dict[str, torch.Tensor]:
+    """Load what ``rank`` of ``layout`` holds from the checkpoint at ``root`` (written with
+    another layout), reading only the byte ranges that overlap it.
+
+    ``verify`` hashes every source file the load reads from, whole (9.2 digests cover whole
+    files), so it reads more than the partial reads alone. ``stats`` is filled in when given.
+    """
+    resharder = resharder or Resharder(manifest, layout)
+    plan = resharder.plan(rank)
+    return execute_reshard(root, manifest, plan, device, verify=verify, stats=stats)
+
+
+def execute_reshard(
+    root: Path,
+    manifest: Manifest,
+    plan: ReshardPlan,
+    device: torch.device,
+    *,
+    verify: bool = False,
+    stats: ReadStats | None = None,
+    separate: bool = False,
+) -> dict[str, torch.Tensor]:
+    """Read ``plan``'s pieces onto ``device``; aliases share their target's storage.
+
+    The pieces are filled in one host buffer (``separate``: one allocation per tensor, as a
+    writer wants them), moved to ``device`` at the end.
+    """
+    stats = stats if stats is not None else ReadStats()
+    stats.target_bytes += plan.target_bytes
+    out = _allocate(plan.pieces, separate)
+    jobs: dict[tuple[int, str], list[tuple[str, TargetPiece, SourcePiece]]] = {}
+    for name, piece in plan.pieces.items():
+        for source in piece.sources:
+            jobs.setdefault((source.rank, source.file), []).append((name, piece, source))
+    file_plans: dict[int, dict[str, FilePlan]] = {}
+    work = []
+    for (source_rank, path), file_jobs in sorted(jobs.items()):
+        if source_rank not in file_plans:
+            file_plans[source_rank] = {f.record.path: f
+                                       for f in plan_rank(manifest, source_rank).files}
+        work.append((file_plans[source_rank][path], file_jobs, ReadStats()))
+
+    def read(item: tuple[FilePlan, list[tuple[str, TargetPiece, SourcePiece]], ReadStats]
+             ) -> None:
+        _read_file(root, item[0], item[1], out, _Scratch(), item[2], verify)
+
+    # Files are read concurrently: reads of different files overlap each other and the copies
+    # (preadv and numpy's copy release the GIL). Each file's boxes land in disjoint bytes.
+    threads = min(READ_THREADS, len(work))
+    if threads > 1:
+        with ThreadPoolExecutor(threads, thread_name_prefix="shardspec-reshard") as pool:
+            for _ in pool.map(read, work):
+                pass
+    else:
+        for item in work:
+            read(item)
+    for _, _, file_stats in work:
+        stats.files_opened += file_stats.files_opened
+        stats.header_bytes += file_stats.header_bytes
+        stats.data_bytes += file_stats.data_bytes
+        stats.verify_bytes += file_stats.verify_bytes
+        stats.reads += file_stats.reads
+    return _finish(plan, out, device)
+
+
+def _allocate(pieces: Mapping[str, TargetPiece], separate: bool) -> dict[str, torch.Tensor]:
+    """Name -> a flat uint8 host tensor of the piece's bytes (uninitialised)."""
+    sizes = {name: p.nbytes for name, p in pieces.items() if p.nbytes}
+    if separate:
+        return {name: torch.empty(size, dtype=torch.uint8) for name, size in sizes.items()}
+    offsets, total = {}, 0
+    for name, size in sizes.items():
+        offsets[name] = total
+        total += -(-size // _ALIGN) * _ALIGN
+    buffer = torch.empty(total, dtype=torch.uint8)
+    return {name: buffer[offsets[name] : offsets[name] + size] for name, size in sizes.items()}
+
+
+def _finish(
+    plan: ReshardPlan, out: dict[str, torch.Tensor], device: torch.device
+) -> dict[str, torch.Tensor]:
+    if device.type != "cpu" and out:
+        first = next(iter(out.values()))
+        base = first._base if first._base is not None else None
+        if base is not None and all(t._base is base for t in out.values()):
+            moved = base.to(device)  # one transfer for the whole rank
+            out = {n: moved[t.storage_offset() : t.storage_offset() + t.numel()]
+                   for n, t in out.items()}
+        else:
+            out = {n: t.to(device) for n, t in out.items()}
+    tensors: dict[str, torch.Tensor] = {}
+    for name, piece in plan.pieces.items():
+        dtype, shape = torch_layout(DTYPES[piece.dtype], piece.shape)
+        if name not in out:
+            tensors[name] = torch.empty(shape, dtype=dtype, device=device)
+        else:
+            tensors[name] = out[name].view(dtype).reshape(shape)
+    for alias, target in plan.aliases.items():
+        tensors[alias] = tensors[target]
+    return tensors
+
+
+class _Scratch:
+    """A reusable host buffer for reads that are copied, not read in place."""
+
+    def __init__(self) -> None:
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+
+    def get(self, size: int) -> torch.Tensor:
+        if self.buffer.numel() < size:
+            self.buffer = torch.empty(size, dtype=torch.uint8)
+        return self.buffer[:size]
+
+
+def _read_file(
+    root: Path,
+    plan: FilePlan,
+    jobs: list[tuple[str, TargetPiece, SourcePiece]],
+    out: dict[str, torch.Tensor],
+    scratch: _Scratch,
+    stats: ReadStats,
+    verify: bool,
+) -> None:
+    record = plan.record
+    handle, size = open_inside(root, record.path)
+    with handle:
+        stats.files_opened.append(record.path)
+        if size != record.size:
+            raise IntegrityError(Finding(
+                code="file-size", file=record.path,
+                message=f"the file has {size} bytes, the manifest says {record.size}"))
+        header = read_header(handle, size, record.path)
+        stats.header_bytes += header.data_start
+        plan.check_header(header)
+        if verify:
+            handle.seek(0)
+            digests, count = digest_stream(handle)
+            stats.verify_bytes += count
+            if digests["sha256"] != record.checksums["sha256"]:
+                raise IntegrityError(Finding(
+                    code="checksum-mismatch", file=record.path,
+                    message="the file's sha256 differs from the manifest's: it is corrupt or "
+                    "was changed"))
+        fd = handle.fileno()
+        jobs = sorted(jobs, key=lambda job: header.entries[job[0]].begin)
+        for name, target, source in jobs:
+            _read_box(fd, header, name, target, source, out[name], scratch, stats, record.path)
+
+
+def _unsupported(name: str, message: str) -> ShardspecError:
+    return error_for(Finding(code="reshard-unsupported", tensor=name, message=message))
+
+
+def _geometry(
+    name: str, bits: int, source: SourcePiece, target: TargetPiece
+) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """Byte geometry of the copy: source shape, target shape, box shape, box offset in the
+    source, box offset in the target, with trailing dims the box covers fully in both merged
+    and the last dim counted in bytes."""
+    src = list(source.piece_shape) or [1]
+    dst = list(target.shape) or [1]
+    box = list(source.box_shape) or [1]
+    src_off = [b - o for b, o in zip(source.box_offset, source.piece_offset, strict=True)] or [0]
+    dst_off = [b - o for b, o in zip(source.box_offset, target.offset, strict=True)] or [0]
+    while len(box) > 1 and box[-1] == src[-1] == dst[-1]:
+        inner_src, inner_dst = src.pop(), dst.pop()
+        inner_box = box.pop()
+        src_off.pop()
+        dst_off.pop()
+        src[-1] *= inner_src
+        dst[-1] *= inner_dst
+        box[-1] *= inner_box
+        src_off[-1] *= inner_src
+        dst_off[-1] *= inner_dst
+    lasts = (src[-1], dst[-1], box[-1], src_off[-1], dst_off[-1])
+    if any(value * bits % 8 for value in lasts):
+        raise _unsupported(name, f"a slice boundary splits a byte of {bits}-bit elements "
+                           "(SPEC 6.5); cannot reshard it")
+    for shape in (src, dst, box, src_off, dst_off):
+        shape[-1] = shape[-1] * bits // 8
+    return src, dst, box, src_off, dst_off
+
+
+def _strides(shape: list[int]) -> list[int]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return strides[::-1]
+
+
+def _extent(box: list[int], strides: list[int], start: int) -> int:
+    """Bytes from the first to past the last byte of the box's dims ``start..``."""
+    return sum((b - 1) * s for b, s in zip(box[start:], strides[start:], strict=True)) + 1
+
+
+def _read_box(
+    fd: int,
+    header: Header,
+    name: str,
+    target: TargetPiece,
+    source: SourcePiece,
+    out: torch.Tensor,
+    scratch: _Scratch,
+    stats: ReadStats,
+    path: str,
+) -> None:
+    bits = DTYPES[target.dtype].bits
+    src, dst, box, src_off, dst_off = _geometry(name, bits, source, target)
+    src_strides, dst_strides = _strides(src), _strides(dst)
+    entry = header.entries[name]
+    base = header.data_start + entry.begin + sum(
+        o * s for o, s in zip(src_off, src_strides, strict=True))
+    dst_start = sum(o * s for o, s in zip(dst_off, dst_strides, strict=True))
+    volume = math.prod(box)
+    if _extent(box, src_strides, 0) == volume and _extent(box, dst_strides, 0) == volume:
+        _pread_into(fd, out[dst_start : dst_start + volume], base, stats, path)
+        return
+    # Dims whose repetition leaves a gap over COALESCE_GAP become separate reads.
+    level = 0
+    for d in range(len(box) - 1):
+        gap = src_strides[d] - _extent(box, src_strides, d + 1) if box[d] > 1 else 0
+        if gap > COALESCE_GAP:
+            level = d + 1
+    chunk = _extent(box, src_strides, level)
+    count = math.prod(box[:level])
+    buffer = scratch.get(count * chunk)
+    for index, outer in enumerate(itertools.product(*(range(b) for b in box[:level]))):
+        position = base + sum(i * s for i, s in zip(outer, src_strides, strict=False))
+        _pread_into(fd, buffer[index * chunk : (index + 1) * chunk], position, stats, path)
+    # One strided copy, in the widest unit that divides every row and offset. numpy's copy is
+    # single-threaded: a small torch copy on a busy machine can wait milliseconds for its pool.
+    unit = 8
+    while any(v % unit for v in (src[-1], dst[-1], box[-1], src_off[-1], dst_off[-1])):
+        unit //= 2
+    kind = _UNITS[unit]
+    shape = [*box[:-1], box[-1] // unit]
+    outer_strides = [chunk * math.prod(box[d + 1 : level]) for d in range(level)]
+    view = as_strided(buffer.numpy().view(kind), shape,
+                      [*outer_strides, *src_strides[level:-1], unit])
+    into = as_strided(out.numpy()[dst_start:].view(kind), shape, [*dst_strides[:-1], unit])
+    np.copyto(into, view)
+
+
+def _pread_into(fd: int, into: torch.Tensor, position: int, stats: ReadStats, path: str) -> None:
+    """Fill ``into`` (a contiguous uint8 host tensor) with the file's bytes from ``position``."""
+    view = memoryview(into.numpy())  # type: ignore[arg-type]
+    done, total = 0, len(view)
+    while done < total:
+        got = os.preadv(fd, [view[done:]], position + done)
+        stats.reads += 1
+        if got <= 0:
+            raise SafetensorsError(Finding(code="st-offsets", file=path,
+                                           message="the file ended early: it changed while read"))
+        done += got
+    stats.data_bytes += total
+
+
+# --- writing a resharded checkpoint ------------------------------------------------------------
+
+
+def rank_info(plan: ReshardPlan) -> RankInfo:
+    """The writer's description of a target rank, from its plan alone (no data)."""
+    tensors = {
+        name: TensorInfo(piece.dtype, piece.shape, piece.nbytes,
+                         Shard(piece.global_shape, piece.offset, piece.replica))
+        for name, piece in plan.pieces.items()
+    }
+    for alias, target in plan.aliases.items():
+        tensors[alias] = tensors[target]
+    return RankInfo(plan.rank, tensors, dict(plan.aliases))
+
+
+def reshard(
+    source: str | os.PathLike[str],
+    destination: str | os.PathLike[str],
+    layout: Layout,
+    *,
+    overwrite: bool = False,
+    verify: bool = False,
+    ignore_extensions: tuple[str, ...] = (),
+    progress: Callable[[int, int], None] | None = None,
+) -> Manifest:
+    """Write the checkpoint at ``source`` again at ``destination`` with ``layout``.
+
+    One target rank is in memory at a time. Quantization, logical records, metadata,
+    extensions and extra files carry over; extra files are checked against their recorded
+    sha256 as they are copied. ``verify`` also hashes every source data file read (whole).
+    ``progress(done, total)`` is called with the bytes of target pieces written so far and in
+    all, before the first rank and after each.
+    """
+    from .reader import open_checkpoint  # reader imports this module
+
+    src, dst = Path(source), Path(destination)
+    checkpoint = open_checkpoint(src, ignore_extensions=ignore_extensions)
+    manifest = checkpoint.manifest
+    resharder = Resharder(manifest, layout)
+    plans = [resharder.plan(rank) for rank in range(layout.size)]
+    logical = {name: r.logical for name, r in manifest.tensors.items()
+               if isinstance(r, TensorRecord) and r.logical is not None}
+    draft = plan_checkpoint(
+        layout, [rank_info(p) for p in plans], quantization=manifest.quantization,
+        logical=logical, metadata=manifest.metadata, extensions=manifest.extensions,
+        extra_files=[f.path for f in manifest.extra_files],
+    )
+    if dst.exists() and os.path.realpath(dst) == os.path.realpath(src):
+        raise ValueError("the destination is the source checkpoint's directory")
+    extras = {f.path: resolve_inside(src, f.path) for f in manifest.extra_files}
+    prepare_directory(dst, overwrite)
+    records: dict[str, FileRecord] = {}
+    cpu = torch.device("cpu")
+    total, done = sum(p.target_bytes for p in plans), 0
+    if progress is not None:
+        progress(done, total)
+    for plan in plans:
+        state = execute_reshard(src, manifest, plan, cpu, verify=verify, separate=True)
+        records.update({f.path: f for f in write_rank(dst, plan.rank, state, draft)})
+        del state
+        done += plan.target_bytes
+        if progress is not None:
+            progress(done, total)
+    copied = copy_extra_files(dst, extras)
+    for old, new in zip(manifest.extra_files, copied, strict=True):
+        if old.checksums.get("sha256") != new.checksums["sha256"] or old.size != new.size:
+            raise IntegrityError(Finding(
+                code="checksum-mismatch", file=old.path,
+                message="the extra file's size or sha256 differs from the source manifest's"))
+    records.update({f.path: f for f in copied})
+    finished = finish_manifest(draft, records)
+    commit_manifest(dst, finished.to_json())
+    return finished

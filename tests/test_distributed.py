@@ -198,7 +198,25 @@ def _save_wrong_size(rank: int, world: int, path: str) -> dict[str, Any]:
     return {}
 
 
+def _global_tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return {"col": torch.randn(8, 6, generator=g).to(torch.bfloat16),
+            "row": torch.randn(6, 8, generator=g), "norm": torch.randn(6, generator=g)}
+
+
+def _load_resharded(rank: int, world: int, path: str) -> dict[str, Any]:
+    from shardspec import distributed
+
+    loaded = distributed.load(path, device="cpu", timeout=SHORT)
+    full = _global_tensors()
+    expected = {"col": full["col"].tensor_split(world, 0)[rank],
+                "row": full["row"].tensor_split(world, 1)[rank], "norm": full["norm"]}
+    return {"mismatched": sorted(k for k in expected if not torch.equal(loaded[k], expected[k]))
+            + sorted(set(loaded) ^ set(expected))}
+
+
 SCENARIOS = {
+    "load_resharded": _load_resharded,
     "save_and_load": _save_and_load,
     "load_nodes": _load_nodes,
     "save_failing": _save_failing,
@@ -284,6 +302,7 @@ def test_wrong_world_size_fails_cleanly_on_every_rank(tmp_path: Path) -> None:
         assert result["error_type"] == "RequestError", result.get("traceback")
         assert result["code"] == "world-size-mismatch"
         assert "world size 4" in result["error"] and "has 2 ranks" in result["error"]
+        assert "rank-local" in result["error"]  # why it could not reshard on load
         messages.add(result["error"])
     assert len(messages) == 1  # the same error on every rank
 
@@ -294,6 +313,21 @@ def test_wrong_world_size_fails_cleanly_on_every_rank(tmp_path: Path) -> None:
         assert set(result["failed_ranks"]) == {"0", "1"}
         assert "process group has 2 ranks" in result["error"]
     assert not target.exists()  # refused before anything was written
+
+
+def test_a_group_of_another_size_reshards_on_load(tmp_path: Path) -> None:
+    """A TP=4 checkpoint of global tensors, loaded by a world of 2: partial reads, exact."""
+    path = tmp_path / "ckpt4"
+    full = _global_tensors()
+    states: dict[int, dict[str, torch.Tensor]] = {r: {} for r in range(4)}
+    sharding: dict[int, dict[str, Shard]] = {r: {} for r in range(4)}
+    for name, dim in (("col", 0), ("row", 1), ("norm", None)):
+        for r, (piece, shard) in enumerate(shardspec.split(full[name], dim, 4)):
+            states[r][name], sharding[r][name] = piece, shard
+    shardspec.save(states, path, layout=Layout(tp_size=4), sharding=sharding)
+    results = run_world(tmp_path, 2, "load_resharded", path=str(path))
+    assert_all_ok(results)
+    assert all(r is not None and r["mismatched"] == [] for r in results)
 
 
 def test_two_nodes_each_load_from_their_own_directory(

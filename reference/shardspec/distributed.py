@@ -31,10 +31,11 @@ import torch.distributed as dist
 
 from .commit import commit_manifest
 from .devices import DeviceLike, resolve_device
-from .errors import Finding, QuantizationError, RequestError
+from .errors import Finding, QuantizationError, RequestError, ShardspecError
 from .limits import DEFAULT_MAX_FILE_SIZE
 from .manifest import FileRecord, Layout, Logical, Manifest, Quantization
 from .reader import Checkpoint, open_checkpoint
+from .reshard_plan import Resharder
 from .writer import (
     RankInfo,
     Shard,
@@ -298,6 +299,7 @@ def load(
     expect_quantization: str | None = None,
     ignore_extensions: Collection[str] = (),
     timeout: timedelta = DEFAULT_TIMEOUT,
+    layout: Layout | None = None,
 ) -> dict[str, torch.Tensor]:
     """Load this rank's tensors from the checkpoint at ``path``; call on every rank.
 
@@ -307,12 +309,18 @@ def load(
     ``shardspec files PATH --rank R`` lists for that node's ranks; every rank must see the same
     manifest.
 
-    First, on every rank: the checkpoint opens, its world size equals the group's size (else
-    :class:`shardspec.RequestError` with code ``world-size-mismatch`` on every rank; resharding
-    on load is not supported yet), and ``expect_quantization`` matches (else
-    :class:`shardspec.QuantizationError` on every rank). Any other failure on any rank, while
-    opening or loading, makes every rank raise :class:`DistributedLoadError` naming the failing
-    ranks. ``timeout`` bounds each wait for the other ranks.
+    Where the group's size differs from the checkpoint's world size, each rank reshards on load
+    (SPEC 11.3, partial reads): to ``layout`` when given, else to the checkpoint's layout with
+    ``tp_size`` scaled to the group (same ``pp_size`` and ``ep_size``). ``layout`` can also
+    reshard a checkpoint of the group's own size to another split.
+
+    First, on every rank: the checkpoint opens, the target layout's world size equals the
+    group's size and the checkpoint can be resharded to it (else
+    :class:`shardspec.RequestError` with code ``world-size-mismatch`` on every rank), and
+    ``expect_quantization`` matches (else :class:`shardspec.QuantizationError` on every rank).
+    Any other failure on any rank, while opening or loading, makes every rank raise
+    :class:`DistributedLoadError` naming the failing ranks. ``timeout`` bounds each wait for
+    the other ranks.
     """
     rank, size = _group_position(group)
     channel = _Channel(_meta_group(group, timeout), size, f"distributed load from '{path}'",
@@ -329,15 +337,17 @@ def load(
     summaries = channel.step("opening the checkpoint", ok, summary if ok else opened, local)
     target, checkpoint = opened
     world_sizes = sorted({s[0] for s in summaries})
-    if world_sizes != [size]:
-        layout = checkpoint.layout
+    wanted, why_not = _target_layout(checkpoint, size, layout)
+    if wanted is None:
+        source = checkpoint.layout
         raise RequestError(Finding(
             code="world-size-mismatch", file="shardspec.json", json_path="$.layout.world_size",
             message=f"the checkpoint at '{path}' was written for world size "
-            f"{', '.join(map(str, world_sizes))} (this rank's: tp={layout.tp_size} "
-            f"pp={layout.pp_size} ep={layout.ep_size}) but the process group has {size} ranks",
+            f"{', '.join(map(str, world_sizes))} (this rank's: tp={source.tp_size} "
+            f"pp={source.pp_size} ep={source.ep_size}) but the process group has {size} ranks, "
+            f"and it cannot be resharded on load: {why_not}",
             hint=f"launch {checkpoint.world_size} processes (e.g. torchrun --nproc-per-node "
-            f"{checkpoint.world_size}); resharding on load is not supported yet"))
+            f"{checkpoint.world_size}), or pass layout= with a world size of {size}"))
     differ = [r for r, s in enumerate(summaries) if s[1] != summaries[0][1]]
     if differ:
         raise DistributedLoadError(
@@ -350,7 +360,37 @@ def load(
             code="quantization-mismatch", file="shardspec.json", json_path="$.quantization.method",
             message=f"asked to load with quantization {expect_quantization!r} but the "
             f"checkpoint is quantized with {method!r}"))
-    ok, loaded, local = _attempt(checkpoint.load_rank, rank, target, verify=verify)
+    reshard_to = None if wanted == checkpoint.layout else wanted
+    ok, loaded, local = _attempt(checkpoint.load_rank, rank, target, verify=verify,
+                                 layout=reshard_to)
     channel.step("loading", ok, None if ok else loaded, local)
     tensors: dict[str, torch.Tensor] = loaded
     return tensors
+
+
+def _target_layout(
+    checkpoint: Checkpoint, size: int, layout: Layout | None
+) -> tuple[Layout | None, str]:
+    """The layout a group of ``size`` ranks loads, or None and why none fits.
+
+    Every rank computes the same answer from the same manifest.
+    """
+    source = checkpoint.layout
+    if layout is None:
+        if checkpoint.world_size == size:
+            return source, ""
+        stage_and_experts = source.pp_size * source.ep_size
+        if size % stage_and_experts:
+            return None, (f"{size} ranks is not a multiple of pp_size x ep_size = "
+                          f"{stage_and_experts}")
+        layout = Layout(tp_size=size // stage_and_experts, pp_size=source.pp_size,
+                        ep_size=source.ep_size, rank_order=source.rank_order)
+    if layout.world_size != size:
+        return None, f"the requested layout has world size {layout.world_size}"
+    if layout == source:
+        return layout, ""
+    try:
+        Resharder(checkpoint.manifest, layout)
+    except ShardspecError as exc:
+        return None, exc.finding.message
+    return layout, ""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,26 +17,12 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
 
 import shardspec
 from shardspec import Layout, Shard
+from shardspec.testing.profiles import load_profile
 
-settings.register_profile(
-    "ci",
-    derandomize=True,
-    max_examples=40,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "thorough",
-    max_examples=1000,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.load_profile(os.environ.get("SHARDSPEC_HYPOTHESIS_PROFILE", "ci"))
+load_profile()  # shardspec.testing.profiles: SHARDSPEC_HYPOTHESIS_PROFILE, "ci" by default
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_FILE = REPO / "schema" / "manifest.schema.json"

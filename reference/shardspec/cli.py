@@ -321,5 +321,6 @@ def main() -> None:
         err.print("please report this; set SHARDSPEC_DEBUG=1 to see the traceback")
         sys.exit(EXIT_CANNOT_RUN)
 
-# registers convert, merge, import-vllm (cli_convert) and reshard (cli_reshard)
-from . import cli_convert, cli_reshard  # noqa: E402,F401
+# registers convert, merge, import-vllm (cli_convert), reshard (cli_reshard) and conformance
+# (cli_conformance)
+from . import cli_conformance, cli_convert, cli_reshard  # noqa: E402,F401

@@ -1,0 +1,78 @@
+"""The shardspec conformance suite as a library, for any implementation to reuse.
+
+- :mod:`~shardspec.testing.strategies`: Hypothesis strategies for valid checkpoints (written
+  with the reference writer, with what each rank must load) and for broken ones derived from
+  them (with the error a reader must refuse them with).
+- :mod:`~shardspec.testing.adapter`: the adapter protocol (``CMD CHECKPOINT_DIR RANK
+  OUTPUT_FILE``): run a reader command or a Python function, read its output strictly.
+- :mod:`~shardspec.testing.checks`: judge one load or refusal, naming the SPEC requirement a
+  failure breaks.
+- :mod:`~shardspec.testing.runner`: the whole suite (vectors, then generated checkpoints), its
+  report and JUnit XML; ``shardspec conformance`` is its command line.
+- :mod:`~shardspec.testing.profiles`: Hypothesis profiles ``ci`` and ``thorough``, picked by
+  ``SHARDSPEC_HYPOTHESIS_PROFILE``.
+
+Needs Hypothesis (``pip install 'shardspec[conformance]'``).
+"""
+
+from __future__ import annotations
+
+from .adapter import (
+    DEFAULT_TIMEOUT,
+    IGNORE_EXTENSIONS_ENV,
+    CommandReader,
+    Outcome,
+    PythonReader,
+    RankTensors,
+    Reader,
+    TensorData,
+    read_output,
+    reference_load,
+    reference_read,
+    write_output,
+)
+from .checks import CheckResult, diagnose, judge_load, judge_refusal
+from .profiles import PROFILE_ENV, load_profile
+from .runner import SuiteResult, find_vectors, print_report, run_suite, write_junit
+from .strategies import (
+    CheckpointSpec,
+    GeneratedCheckpoint,
+    Mutation,
+    broken_checkpoints,
+    checkpoint_specs,
+    checkpoints,
+    mutation_kinds,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "IGNORE_EXTENSIONS_ENV",
+    "PROFILE_ENV",
+    "CheckResult",
+    "CheckpointSpec",
+    "CommandReader",
+    "GeneratedCheckpoint",
+    "Mutation",
+    "Outcome",
+    "PythonReader",
+    "RankTensors",
+    "Reader",
+    "SuiteResult",
+    "TensorData",
+    "broken_checkpoints",
+    "checkpoint_specs",
+    "checkpoints",
+    "diagnose",
+    "find_vectors",
+    "judge_load",
+    "judge_refusal",
+    "load_profile",
+    "mutation_kinds",
+    "print_report",
+    "read_output",
+    "reference_load",
+    "reference_read",
+    "run_suite",
+    "write_junit",
+    "write_output",
+]

@@ -1,0 +1,342 @@
+"""The conformance suite (shardspec.testing, ``shardspec conformance``) and its readers.
+
+The minimal reader (conformance/examples/minimal_reader.py, standard library only) passes the
+whole suite through the adapter protocol, as a subprocess; the reference reader passes it
+in-process (through its script for a few vectors: importing torch costs a second a call).
+Every deliberately broken reader in conformance/broken_readers/ is caught, and the report
+names the requirement it breaks. The writer's output validates and its manifests survive
+parse -> serialize -> parse byte for byte.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+import shardspec
+from shardspec.cli import app
+from shardspec.parse import parse_manifest
+from shardspec.testing import (
+    CommandReader,
+    PythonReader,
+    broken_checkpoints,
+    checkpoint_specs,
+    find_vectors,
+    judge_load,
+    judge_refusal,
+    mutation_kinds,
+    read_output,
+    reference_read,
+    run_suite,
+    write_output,
+)
+from shardspec.testing.adapter import OutputError
+from shardspec.testing.profiles import conformance_defaults, profile_name
+from shardspec.testing.runner import run_generated, run_vectors
+
+REPO = Path(__file__).resolve().parents[1]
+CONFORMANCE = REPO / "conformance"
+VECTORS = CONFORMANCE / "vectors"
+MINIMAL = CONFORMANCE / "examples" / "minimal_reader.py"
+BROKEN = sorted(p.stem for p in (CONFORMANCE / "broken_readers").glob("[a-z]*.py"))
+PYTHON = shlex.quote(sys.executable)
+
+#: Generated checkpoints per run: enough to exercise every feature, bounded for CI.
+EXAMPLES = 15 if profile_name() == "ci" else 100
+
+
+@cache
+def module(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"conformance_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(app, ["conformance", *args], catch_exceptions=False)
+
+
+def test_vectors_are_found_from_a_checkout() -> None:
+    assert find_vectors() == VECTORS
+
+
+# --- readers that conform ------------------------------------------------------------------
+
+
+def test_minimal_reader_passes_the_whole_suite_as_a_command(tmp_path: Path) -> None:
+    junit = tmp_path / "junit.xml"
+    result = invoke("--reader", f"{PYTHON} {shlex.quote(str(MINIMAL))}", "--examples",
+                    str(EXAMPLES), "--seed", "0", "--junit", str(junit),
+                    "--keep", str(tmp_path / "kept"))
+    assert result.exit_code == 0, result.output
+    assert "PASS" in result.output
+    suites = ET.parse(junit).getroot()
+    assert suites.get("failures") == "0"
+    vectors, generated = suites.findall("testsuite")
+    assert int(vectors.get("tests", "0")) >= 200
+    assert int(generated.get("tests", "0")) >= EXAMPLES
+    assert not (tmp_path / "kept").exists()
+
+
+def test_minimal_reader_reports_each_vectors_code(tmp_path: Path) -> None:
+    """The worked example is exact: it refuses every invalid vector with its own code."""
+    reader = module(MINIMAL)
+    sys.path.insert(0, str(CONFORMANCE))
+    try:
+        from materialize import materialize
+    finally:
+        sys.path.remove(str(CONFORMANCE))
+    for path in sorted(VECTORS.glob("*/vector.json")):
+        vector = json.loads(path.read_text(encoding="utf-8"))
+        if vector["valid"]:
+            continue
+        root = materialize(path.parent, tmp_path / vector["id"])
+        for rank in vector["ranks"]:
+            with pytest.raises(reader.ReadError) as caught:
+                reader.load_rank(root, rank, ignore_extensions=vector.get("ignore_extensions",
+                                                                          []))
+            assert caught.value.code == vector["expected_code"], (vector["id"], str(caught.value))
+
+
+def test_minimal_reader_uses_neither_torch_nor_the_reference_package() -> None:
+    source = MINIMAL.read_text(encoding="utf-8")
+    imports = set(re.findall(r"^\s*(?:import|from)\s+(\w+)", source, re.MULTILINE))
+    assert imports <= {"__future__", "hashlib", "json", "math", "os", "re", "stat", "struct",
+                       "sys", "collections", "typing", "numpy"}, imports
+
+
+def test_reference_reader_passes_the_whole_suite(tmp_path: Path) -> None:
+    result = run_suite(PythonReader(reference_read, "reference"), vectors=VECTORS,
+                       examples=EXAMPLES, seed=1, keep=tmp_path)
+    assert result.ok, [f"{f.check}: {f.message}" for f in result.failures]
+    assert result.examples == EXAMPLES
+    assert len([r for r in result.results if r.part == "vectors"]) >= 200
+
+
+def test_reference_reader_script_follows_the_protocol(tmp_path: Path) -> None:
+    script = CONFORMANCE / "examples" / "reference_reader.py"
+    reader = CommandReader(f"{PYTHON} {shlex.quote(str(script))}")
+    results, notes = run_vectors(reader, VECTORS, select="valid-tp1-minimal,version-major-2.0")
+    assert [r.check for r in results] == ["vectors/valid-tp1-minimal/rank-0",
+                                          "vectors/version-major-2.0/rank-0"]
+    assert all(r.passed for r in results), [r.message for r in results]
+    assert not notes
+
+
+# --- readers that do not -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", BROKEN)
+def test_broken_reader_is_caught_naming_the_requirement(name: str, tmp_path: Path) -> None:
+    broken = module(CONFORMANCE / "broken_readers" / f"{name}.py")
+    result = run_suite(PythonReader(broken.read, name), vectors=VECTORS, examples=5, seed=0,
+                       keep=tmp_path, shrink=False)
+    assert not result.ok
+    assert broken.BREAKS in result.failed_requirements(), sorted(result.failed_requirements())
+
+
+def test_seven_broken_readers() -> None:
+    assert BROKEN == ["accepts_invalid", "drops_tensor", "flips_byte", "ignores_must_understand",
+                      "ignores_rank", "mislabels_dtype", "reads_newer_major"]
+
+
+def test_cli_reports_a_broken_command_per_requirement(tmp_path: Path) -> None:
+    script = CONFORMANCE / "broken_readers" / "reads_newer_major.py"
+    junit = tmp_path / "junit.xml"
+    result = invoke("--reader", f"{PYTHON} {shlex.quote(str(script))}", "--examples", "0",
+                    "--select", "version-major-*,valid-tp1-minimal", "--junit", str(junit))
+    assert result.exit_code == 1, result.output
+    output = " ".join(result.output.split())
+    assert "FAIL SPEC 4.2 Version rules" in output
+    assert "accepted an invalid checkpoint (expected error version-major)" in output
+    cases = ET.parse(junit).getroot().iter("testcase")
+    failed = {c.get("name"): c.get("classname") for c in cases if c.find("failure") is not None}
+    assert failed == {"vectors/version-major-0.9/rank-0": "SPEC 4.2",
+                      "vectors/version-major-2.0/rank-0": "SPEC 4.2"}
+
+
+def test_smallest_failing_generated_checkpoint_is_kept(tmp_path: Path) -> None:
+    broken = module(CONFORMANCE / "broken_readers" / "drops_tensor.py")
+    results, kept, _ = run_generated(PythonReader(broken.read), examples=10, seed=0,
+                                     keep=tmp_path)
+    failures = [r for r in results if not r.passed]
+    assert failures and kept == tmp_path / "generated-seed-0"
+    summary = json.loads((kept / "failure.json").read_text(encoding="utf-8"))
+    # shrunk: one rank holding one tensor with data, which the reader drops
+    assert summary["checkpoint"]["layout"]["tp_size"] == 1
+    assert len(summary["checkpoint"]["tensors"]) == 1
+    assert failures[0].checkpoint == str(kept / "valid" / "checkpoint")
+    assert shardspec.validate(kept / "valid" / "checkpoint", checksums=True).ok
+    expected = read_output(kept / "valid" / "expected" / "rank-0.safetensors")
+    assert len(expected) == 1
+    assert not list(tmp_path.glob(".*partial"))
+
+
+def test_generated_part_is_reproducible_from_the_seed(tmp_path: Path) -> None:
+    reader = PythonReader(module(MINIMAL).read)
+
+    def run(seed: int) -> list[tuple[str, bool]]:
+        results, _, _ = run_generated(reader, examples=4, seed=seed, keep=tmp_path)
+        return [(r.check, r.passed) for r in results]
+
+    assert run(7) == run(7)
+
+
+# --- the protocol ----------------------------------------------------------------------------
+
+
+def test_a_hanging_reader_is_killed_at_the_time_limit(tmp_path: Path) -> None:
+    reader = CommandReader(f"{PYTHON} -c 'import time; time.sleep(60)'", timeout=0.5)
+    outcome = reader.run(VECTORS / "valid-tp1-minimal" / "checkpoint", 0, tmp_path / "out")
+    assert outcome.timed_out and outcome.seconds < 30
+    requirements, passed, message = judge_refusal(outcome, section="2.2", code="x")
+    assert not passed and "timed out" in message
+
+
+def test_shell_syntax_runs_under_sh(tmp_path: Path) -> None:
+    reader = CommandReader(f"cd {shlex.quote(str(MINIMAL.parent))} && {PYTHON} "
+                           "minimal_reader.py")
+    outcome = reader.run(VECTORS / "valid-tp1-minimal" / "checkpoint", 0, tmp_path / "out")
+    assert outcome.accepted, outcome.stderr
+    assert outcome.output == read_output(VECTORS / "valid-tp1-minimal" / "expected" /
+                                         "rank-0.safetensors")
+
+
+def test_ignored_extensions_reach_the_reader_through_the_environment(tmp_path: Path) -> None:
+    reader = CommandReader(f"{PYTHON} {shlex.quote(str(MINIMAL))}")
+    root = VECTORS / "valid-extension-ignored-by-user" / "checkpoint"
+    assert not reader.run(root, 0, tmp_path / "out").accepted
+    outcome = reader.run(root, 0, tmp_path / "out", ["org.example.provenance"])
+    assert outcome.accepted and "extension-ignored" in outcome.stderr
+
+
+def test_output_that_is_not_safetensors_breaks_the_protocol(tmp_path: Path) -> None:
+    def garbage(checkpoint: str, rank: int, output: str, ignore: Any) -> None:
+        Path(output).write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\": 1}")
+
+    outcome = PythonReader(garbage).run(VECTORS / "valid-tp1-minimal" / "checkpoint", 0,
+                                        tmp_path / "out")
+    assert outcome.accepted and outcome.output is None and outcome.output_error
+    assert judge_load(outcome, {}, rank=0, sections=("7.2",))[:2] == (("protocol",), False)
+    with pytest.raises(OutputError):
+        read_output(tmp_path / "out")
+
+
+def test_a_refusal_that_leaves_output_breaks_1_1(tmp_path: Path) -> None:
+    def half(checkpoint: str, rank: int, output: str, ignore: Any) -> None:
+        write_output(output, {"w": ("U8", (1,), b"\x01")})
+        raise ValueError("refused, too late")
+
+    outcome = PythonReader(half).run(VECTORS / "valid-tp1-minimal" / "checkpoint", 0,
+                                     tmp_path / "out")
+    assert not outcome.accepted and "too late" in outcome.stderr
+    assert judge_refusal(outcome, section="7.3", code="coverage-gap")[:2] == (("1.1",), False)
+
+
+def test_cli_cannot_run_without_vectors_or_checks(tmp_path: Path) -> None:
+    assert invoke("--reader", "no-such-reader-command", "--examples", "0").exit_code == 2
+    assert invoke("--reader", "true", "--vectors", str(tmp_path)).exit_code == 2
+    assert invoke("--reader", "true", "--no-vectors", "--examples", "0").exit_code == 2
+    assert invoke("--reader", "true", "--select", "no-such-vector", "--examples",
+                  "0").exit_code == 2
+
+
+# --- the library: profiles and strategies ----------------------------------------------------
+
+
+def test_profiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHARDSPEC_HYPOTHESIS_PROFILE", "thorough")
+    assert profile_name() == "thorough" and conformance_defaults() == (500, None)
+    monkeypatch.setenv("SHARDSPEC_HYPOTHESIS_PROFILE", "nightly")
+    with pytest.raises(ValueError):
+        profile_name()
+    monkeypatch.delenv("SHARDSPEC_HYPOTHESIS_PROFILE")
+    assert conformance_defaults() == (25, 0)
+    ci, thorough = settings.get_profile("ci"), settings.get_profile("thorough")
+    assert ci.derandomize and ci.database is None and ci.max_examples == 40
+    assert not thorough.derandomize and thorough.max_examples == 1000
+
+
+def test_every_mutation_kind_has_a_distinct_name() -> None:
+    kinds = mutation_kinds()
+    assert len(kinds) == len(set(kinds)) >= 30
+
+
+#: Half the profile's examples: each writes a checkpoint (20 under ci, 500 under thorough).
+PROPERTY = settings(max_examples=max(settings.default.max_examples // 2, 1), deadline=None,
+                    suppress_health_check=list(HealthCheck))
+
+
+@PROPERTY
+@given(data=st.data())
+def test_broken_checkpoints_are_refused_with_their_code(data: st.DataObject) -> None:
+    """Each broken checkpoint the strategies derive is refused by the reference with the code
+    it declares: by the validator, and by the reader on every rank it lists."""
+    with tempfile.TemporaryDirectory() as tmp:
+        kind = data.draw(st.sampled_from(mutation_kinds()))
+        written = data.draw(checkpoint_specs()).write(Path(tmp) / "valid")
+        mutation = data.draw(broken_checkpoints(written, kind))
+        root = Path(tmp) / "broken"
+        shutil.copytree(written.path, root, symlinks=True)
+        mutation.apply(root)
+        ignore = written.ignore_extensions
+        report = shardspec.validate(root, checksums=True, ignore_extensions=ignore)
+        assert mutation.code in {f.code for f in report.errors}, (
+            mutation.description, [str(f) for f in report.errors])
+        for rank in mutation.ranks:
+            with pytest.raises(shardspec.ShardspecError) as caught:
+                shardspec.open(root, ignore_extensions=ignore).load_rank(rank, "cpu",
+                                                                          verify=True)
+            assert caught.value.code == mutation.code, mutation.description
+
+
+# --- writer properties -----------------------------------------------------------------------
+
+
+@PROPERTY
+@given(spec=checkpoint_specs())
+def test_writer_output_validates_and_its_manifest_round_trips(spec: Any) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "ckpt"
+        manifest = spec.save(root)
+        report = shardspec.validate(root, checksums=True, ignore_extensions=spec.ignored)
+        assert report.ok, [str(f) for f in report.errors]
+        assert {f.code for f in report.warnings} <= {"extension-ignored"}
+        on_disk = (root / "shardspec.json").read_bytes()
+        parsed = parse_manifest(on_disk, ignore_extensions=spec.ignored).manifest
+        assert parsed == manifest  # parse(serialize(m)) == m
+        assert parsed.to_json() == on_disk  # serialize(parse(bytes)) == bytes
+        again = parse_manifest(parsed.to_json(), ignore_extensions=spec.ignored).manifest
+        assert again == parsed and again.to_json() == on_disk  # stable byte for byte
+
+
+@PROPERTY
+@given(spec=checkpoint_specs())
+def test_generated_checkpoints_load_as_expected_by_the_reference(spec: Any) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        written = spec.write(Path(tmp) / "ckpt")
+        checkpoint = shardspec.open(written.path, ignore_extensions=written.ignore_extensions)
+        assert checkpoint.world_size == written.world_size
+        assert shardspec.validate(written.path, checksums=True,
+                                  ignore_extensions=written.ignore_extensions).ok
+        out = Path(tmp) / "out.safetensors"
+        for rank, expected in written.expected.items():
+            reference_read(str(written.path), rank, str(out), written.ignore_extensions)
+            assert read_output(out) == expected

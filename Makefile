@@ -4,12 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stamp
 PIP := $(BIN)/python -m pip -qq --disable-pip-version-check
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 
 # Without an NVIDIA driver, pin the CPU build of torch that lies on this machine's disk; an
 # unpinned torch would pull a multi-GB CUDA build.
 TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: venv demo test lint typecheck bench clean
+.PHONY: venv demo test docs lint typecheck bench clean
 
 venv: $(STAMP)
 
@@ -17,8 +18,8 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@echo "installing $(TORCH) into $(VENV)"
 	$(PIP) install '$(TORCH)'
-	@echo "installing shardspec (editable) with test extras"
-	$(PIP) install -e '.[test]'
+	@echo "installing shardspec (editable) with test and docs extras"
+	$(PIP) install -e '.[test,docs]'
 	@touch $(STAMP)
 
 demo: venv
@@ -26,7 +27,12 @@ demo: venv
 
 test: venv
 	$(BIN)/ruff check .
+	$(MKDOCS) build --strict --quiet
 	$(BIN)/python -m pytest
+
+# The documentation site, into site/; --strict: a broken link or a missing page fails it.
+docs: venv
+	$(MKDOCS) build --strict
 
 lint: venv
 	$(BIN)/ruff check .

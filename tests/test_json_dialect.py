@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from shardspec.json_dialect import JSONProblem, parse_strict_json
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shardspec.json_dialect import JSONProblem, parse_strict_json, parse_strict_json_numbers
 from shardspec.parse import parse_manifest
 
 LIMITS = {"max_bytes": 1_000_000, "max_depth": 64}
@@ -124,3 +128,42 @@ def test_parse_manifest_maps_dialect_problems_to_codes(data: bytes, code: str) -
     assert parsed.manifest is None
     assert [f.code for f in parsed.findings] == [code]
     assert parsed.findings[0].section.startswith("3.")
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=30,
+)
+
+
+def _depth_of(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth_of, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth_of, value), default=0)
+    return 0
+
+
+def _has_float(value: object) -> bool:
+    if isinstance(value, dict):
+        return any(map(_has_float, value.values()))
+    if isinstance(value, list):
+        return any(map(_has_float, value))
+    return isinstance(value, float)
+
+
+@given(_JSON_VALUES, st.booleans())
+def test_depth_and_float_detection_on_raw_bytes_match_the_parsed_tree(
+    value: object, ascii_only: bool
+) -> None:
+    data = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8")
+    parsed, has_floats = parse_strict_json_numbers(data, max_bytes=1 << 20, max_depth=1000)
+    assert parsed == value
+    assert has_floats == _has_float(value)
+    depth = _depth_of(value)
+    if depth:
+        with pytest.raises(JSONProblem):
+            parse_strict_json_numbers(data, max_bytes=1 << 20, max_depth=depth - 1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -31,3 +33,27 @@ def test_digest_reads_from_the_current_position() -> None:
     handle = io.BytesIO(b"headerpayload")
     handle.seek(6)
     assert digest_stream(handle)[0]["sha256"] == hashlib.sha256(b"payload").hexdigest()
+
+
+def test_digest_stream_stops_cleanly_when_progress_raises(tmp_path: Path) -> None:
+    path = tmp_path / "big"
+    path.write_bytes(b"x" * (40 * 1024 * 1024))
+
+    def progress(count: int) -> None:
+        raise KeyboardInterrupt
+
+    before = threading.active_count()
+    with path.open("rb") as handle, pytest.raises(KeyboardInterrupt):
+        digest_stream(handle, progress=progress)
+    assert threading.active_count() == before  # the reader thread is gone
+
+
+def test_digest_stream_matches_hashlib_over_many_chunks(tmp_path: Path) -> None:
+    data = bytes(range(256)) * (150 * 1024)  # 37.5 MiB: three chunks, the last partial
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    with path.open("rb") as handle:
+        digests, total = digest_stream(handle, ("sha256", "blake2b"))
+    assert total == len(data)
+    assert digests == {"sha256": hashlib.sha256(data).hexdigest(),
+                       "blake2b": hashlib.blake2b(data).hexdigest()}

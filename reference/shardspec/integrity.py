@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import queue
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -30,18 +33,54 @@ def digest_stream(
     algorithms: tuple[str, ...] = ("sha256",),
     progress: Callable[[int], None] | None = None,
 ) -> tuple[dict[str, str], int]:
-    """Hex digests of everything left in ``handle`` and the number of bytes read."""
+    """Hex digests of everything left in ``handle`` and the number of bytes read.
+
+    A reader thread fills one buffer while this thread hashes the other (both release the
+    GIL), so verifying runs at the rate of the slower of reading and hashing, not their sum.
+    """
     hashers = {name: ALGORITHMS[name]() for name in algorithms}
+    buffers = [memoryview(bytearray(_CHUNK)), memoryview(bytearray(_CHUNK))]
+    filled: queue.Queue[tuple[int, int] | BaseException] = queue.Queue(maxsize=1)
+    free: queue.Queue[int] = queue.Queue()
+    free.put(0)
+    free.put(1)
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            while True:
+                index = free.get()
+                if stop.is_set():
+                    return
+                got = handle.readinto(buffers[index]) or 0
+                filled.put((index, got))
+                if not got:
+                    return
+        except BaseException as exc:  # handed to the hashing thread, which raises it
+            filled.put(exc)
+
+    reader = threading.Thread(target=read, name="shardspec-digest-reader", daemon=True)
+    reader.start()
     total = 0
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
-    while True:
-        got = handle.readinto(view)
-        if not got:
-            break
-        for hasher in hashers.values():
-            hasher.update(view[:got])
-        total += got
-        if progress is not None:
-            progress(got)
+    try:
+        while True:
+            item = filled.get()
+            if isinstance(item, BaseException):
+                raise item
+            index, got = item
+            if not got:
+                break
+            for hasher in hashers.values():
+                hasher.update(buffers[index][:got])
+            free.put(index)
+            total += got
+            if progress is not None:
+                progress(got)
+    finally:
+        stop.set()
+        while reader.is_alive():  # after an error here the reader may wait on either queue
+            free.put(0)
+            with contextlib.suppress(queue.Empty):
+                filled.get_nowait()
+            reader.join(timeout=0.01)
     return {name: hasher.hexdigest() for name, hasher in hashers.items()}, total

@@ -25,7 +25,8 @@ ALGORITHMS: dict[str, Callable[[], Any]] = {
     "blake2b": hashlib.blake2b,
 }
 
-_CHUNK = 16 * 1024 * 1024
+#: Two buffers of this size: one being read into, one being hashed (16 MiB in all).
+_CHUNK = 8 * 1024 * 1024
 
 
 def digest_stream(

@@ -57,3 +57,15 @@ def test_every_error_class_is_a_shardspec_error() -> None:
     errors = [getattr(shardspec, n) for n in PUBLIC if n.endswith("Error")]
     assert all(issubclass(e, shardspec.ShardspecError) for e in errors)
     assert issubclass(shardspec.RequestError, ValueError)
+
+
+def test_validating_and_the_command_line_do_not_import_torch() -> None:
+    """Publishers validate in CI: start-up must not pay for torch until tensors are made."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, shardspec, shardspec.cli; assert 'torch' not in sys.modules; "
+            "shardspec.split; assert 'torch' in sys.modules")
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "reference")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)

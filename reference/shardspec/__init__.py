@@ -8,6 +8,9 @@ device (:mod:`~shardspec.load`). :mod:`~shardspec.writer` goes the other way.
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
 from .errors import (
@@ -27,10 +30,37 @@ from .errors import (
     VersionError,
 )
 from .manifest import Layout, Logical, Manifest, Quantization, format_version
-from .reader import Checkpoint, load_rank
-from .reader import open_checkpoint as open
 from .validate import Report, validate
-from .writer import Shard, data_file_name, save, split
+
+if TYPE_CHECKING:
+    from .reader import Checkpoint, load_rank
+    from .reader import open_checkpoint as open
+    from .writer import Shard, data_file_name, save, split
+
+#: Names whose modules import torch: loaded on first use, so that validating a checkpoint (and
+#: the command line's start-up) does not pay for importing torch.
+_LAZY = {
+    "Checkpoint": ("reader", "Checkpoint"),
+    "load_rank": ("reader", "load_rank"),
+    "open": ("reader", "open_checkpoint"),
+    "Shard": ("writer", "Shard"),
+    "data_file_name": ("writer", "data_file_name"),
+    "save": ("writer", "save"),
+    "split": ("writer", "split"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attribute = _LAZY[name]
+        value = getattr(importlib.import_module(f".{module}", __name__), attribute)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'shardspec' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "Checkpoint",

@@ -26,11 +26,10 @@ from rich.table import Table
 from rich.text import Text
 
 from . import __version__
-from .errors import Finding, ShardspecError
+from .errors import Finding, ShardspecError, raise_first_error
 from .limits import MANIFEST_NAME
 from .manifest import Alias, Manifest, TensorRecord, format_version
 from .parse import read_manifest
-from .reader import open_checkpoint
 from .schema import schema_bytes
 from .validate import Report, validate
 
@@ -66,12 +65,15 @@ def _require_directory(path: Path) -> None:
 
 
 def _open(path: Path, ignore_extensions: list[str] | None = None) -> Any:
+    """The checked manifest (as the reader checks it), or exit 1 with its first error."""
     _require_directory(path)
+    parsed = read_manifest(path, ignore_extensions=ignore_extensions or ())
     try:
-        return open_checkpoint(path, ignore_extensions=ignore_extensions or ())
+        raise_first_error(parsed.findings)
     except ShardspecError as exc:
         _print_finding(exc.finding)
         raise typer.Exit(EXIT_INVALID) from None
+    return parsed
 
 
 def _version(value: bool) -> None:

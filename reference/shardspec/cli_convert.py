@@ -24,7 +24,6 @@ from rich.progress import (
 )
 
 from .cli import _cannot_run, _human, _print_finding, app, err, out
-from .convert import convert, import_vllm, merge
 from .errors import ShardspecError
 from .hf import HFError
 from .limits import DEFAULT_MAX_FILE_SIZE
@@ -113,6 +112,7 @@ def convert_command(
                                             help="Replace a checkpoint in DST.")] = False,
 ) -> None:
     """Convert a Hugging Face checkpoint into a TP x PP shardspec checkpoint, streaming."""
+    from .convert import convert  # imports torch: only when the command runs
     cap = parse_size(max_file_size)
     started = time.perf_counter()
     with _errors():
@@ -142,6 +142,7 @@ def merge_command(
                                             help="Replace the weights in DST.")] = False,
 ) -> None:
     """Merge a shardspec checkpoint back into a Hugging Face checkpoint (shards + index)."""
+    from .convert import merge
     cap = parse_size(max_shard_size)
     started = time.perf_counter()
     with _errors(), _progress("merging") as progress:
@@ -160,6 +161,7 @@ def import_vllm_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
 ) -> None:
     """Add a manifest to a vLLM sharded-state directory; no data file is rewritten."""
+    from .convert import import_vllm
     with _errors(), _progress("checksumming") as progress:
         result = import_vllm(path, overwrite=overwrite, progress=progress)
     manifest = result.manifest

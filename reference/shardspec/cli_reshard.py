@@ -33,7 +33,6 @@ from .cli import (
 )
 from .errors import ShardspecError
 from .manifest import Layout, Manifest
-from .reshard_load import reshard
 
 __all__ = ["reshard_command"]
 
@@ -61,6 +60,8 @@ def reshard_command(
     Each new rank's pieces are read from the byte ranges of the source files that hold them,
     one rank at a time. Rank-local tensors cannot be resharded.
     """
+    from .reshard_load import reshard  # imports torch: only when the command runs
+
     old: Manifest = _open(source, ignore_extension).manifest
     layout = Layout(tp_size=tp, pp_size=pp or old.layout.pp_size, ep_size=old.layout.ep_size,
                     rank_order=old.layout.rank_order)

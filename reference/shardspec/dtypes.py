@@ -6,10 +6,13 @@ SPEC.md's dtype table is the source; ``tests/test_spec_agreement.py`` checks thi
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from functools import cache
+from typing import TYPE_CHECKING
 
 from .limits import MAX_SIZE
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "DTYPES",
@@ -34,6 +37,8 @@ class DType:
 
     @property
     def torch_dtype(self) -> torch.dtype | None:
+        import torch  # only where tensors are made: validating a checkpoint needs no torch
+
         return getattr(torch, self.torch_name, None) if self.torch_name else None
 
 
@@ -65,13 +70,17 @@ DTYPES: dict[str, DType] = {
     )
 }
 
-_BY_TORCH = {d.torch_dtype: d for d in DTYPES.values() if d.torch_dtype is not None}
+
+@cache
+def _by_torch() -> dict[torch.dtype, DType]:
+    return {d.torch_dtype: d for d in DTYPES.values() if d.torch_dtype is not None}
+
 
 
 def from_torch(dtype: torch.dtype) -> DType:
     """The spec dtype of a torch dtype; ValueError for one the format cannot hold."""
     try:
-        return _BY_TORCH[dtype]
+        return _by_torch()[dtype]
     except KeyError:
         raise ValueError(f"torch dtype {dtype} has no shardspec dtype (SPEC 6.4)") from None
 
@@ -111,6 +120,8 @@ def torch_layout(dtype: DType, shape: tuple[int, ...]) -> tuple[torch.dtype, tup
     if torch_dtype is not None and dtype.per_torch_element == 1:
         return torch_dtype, shape
     if torch_dtype is None:
+        import torch
+
         torch_dtype = torch.uint8
     nbytes = byte_size(dtype, shape)
     assert nbytes is not None, "shape was checked before"

@@ -1,0 +1,151 @@
+"""What `validate` costs: metadata-only checks grow with pieces, `--checksums` with bytes.
+
+1. A synthetic checkpoint of ``--pieces`` tensor pieces (default 100,000) over ``--ranks``
+   ranks (default 64): tiny tensors, so the cost is the manifest and the headers, not data.
+   Timed: ``shardspec.validate(path)`` in process, and the ``shardspec validate`` command
+   (which includes the interpreter and torch start-up).
+2. A checkpoint of ``--gib`` of data (default 1 GiB, TP=4): ``validate(path, checksums=True)``
+   against a raw read of the same files (64 MiB reads, no hashing), both from a cold page cache
+   (``posix_fadvise(DONTNEED)``), interleaved; median of ``--repeats``.
+
+Run: ``PYTHONPATH=reference python benchmarks/bench_validate.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import shardspec
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def evict(directory: Path) -> None:
+    for path in directory.iterdir():
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def raw_read(directory: Path) -> int:
+    buffer = bytearray(64 * 1024 * 1024)
+    view = memoryview(buffer)
+    total = 0
+    for path in sorted(directory.iterdir()):
+        with path.open("rb", buffering=0) as handle:
+            while got := handle.readinto(view):
+                total += got
+    return total
+
+
+def write_many_pieces(path: Path, pieces: int, ranks: int) -> None:
+    tensors = -(-pieces // ranks)
+    states: dict[int, dict[str, torch.Tensor]] = {r: {} for r in range(ranks)}
+    sharding: dict[int, dict[str, shardspec.Shard]] = {r: {} for r in range(ranks)}
+    for i in range(tensors):
+        full = torch.zeros(ranks, 2, dtype=torch.bfloat16)
+        for r, (piece, shard) in enumerate(shardspec.split(full, 0, ranks)):
+            states[r][f"model.layers.{i // 8}.w{i % 8}"] = piece
+            sharding[r][f"model.layers.{i // 8}.w{i % 8}"] = shard
+    shardspec.save(states, path, layout=shardspec.Layout(tp_size=ranks), sharding=sharding)
+
+
+def write_big(path: Path, gib: float, tp: int) -> None:
+    rows = int(gib * 1024**3 / 2 / 4096 / 16)
+    g = torch.Generator().manual_seed(0)
+    states: dict[int, dict[str, torch.Tensor]] = {r: {} for r in range(tp)}
+    sharding: dict[int, dict[str, shardspec.Shard]] = {r: {} for r in range(tp)}
+    for i in range(16):
+        full = torch.randint(-32768, 32767, (rows, 4096), dtype=torch.int16, generator=g)
+        for r, (piece, shard) in enumerate(shardspec.split(full.view(torch.bfloat16), 0, tp)):
+            states[r][f"w{i}"], sharding[r][f"w{i}"] = piece, shard
+    shardspec.save(states, path, layout=shardspec.Layout(tp_size=tp), sharding=sharding)
+
+
+def timed(function: object) -> float:
+    start = time.perf_counter()
+    function()  # type: ignore[operator]
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pieces", type=int, default=100_000)
+    parser.add_argument("--ranks", type=int, default=64)
+    parser.add_argument("--gib", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-validate-", dir=REPO / "benchmarks"))
+    try:
+        many = work / "many"
+        write_many_pieces(many, args.pieces, args.ranks)
+        manifest = shardspec.open(many).manifest
+        count = sum(len(t.pieces) for t in manifest.tensors.values() if hasattr(t, "pieces"))
+        api = [timed(lambda: shardspec.validate(many)) for _ in range(args.repeats)]
+        env = {**os.environ, "PYTHONPATH": str(REPO / "reference")}
+        command = [sys.executable, "-c", "from shardspec.cli import main; main()",
+                   "validate", str(many)]
+        cli = []
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            subprocess.run(command, env=env, check=True, capture_output=True)
+            cli.append(time.perf_counter() - start)
+        start_up = [timed(lambda: subprocess.run(
+            [sys.executable, "-c", "import shardspec.cli"], env=env, check=True))
+            for _ in range(args.repeats)]
+        size = (many / "shardspec.json").stat().st_size
+
+        big = work / "big"
+        write_big(big, args.gib, 4)
+        nbytes = sum(p.stat().st_size for p in big.iterdir())
+        checks, raws = [], []
+        for _ in range(args.repeats):
+            evict(big)
+            start = time.perf_counter()
+            report = shardspec.validate(big, checksums=True)
+            checks.append(time.perf_counter() - start)
+            assert report.ok and report.checksums_verified == report.files_checked
+            evict(big)
+            raws.append(timed(lambda: raw_read(big)))
+        check_s, raw_s = statistics.median(checks), statistics.median(raws)
+
+        print(f"machine: {os.cpu_count()} cores; torch {torch.__version__}; "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+        print("\n| metadata-only validate | value |\n|---|---:|")
+        print(f"| pieces / ranks / tensors | {count} / {args.ranks} / "
+              f"{len(manifest.tensors)} |")
+        print(f"| manifest size | {size / 1024**2:.1f} MiB |")
+        print(f"| `shardspec.validate(path)`, median of {args.repeats} | "
+              f"{statistics.median(api):.2f} s |")
+        print(f"| `shardspec validate PATH` (command), median | {statistics.median(cli):.2f} s |")
+        print(f"| of which interpreter + `import shardspec.cli` | "
+              f"{statistics.median(start_up):.2f} s |")
+        print("\n| validate --checksums, cold | value |\n|---|---:|")
+        print(f"| bytes | {nbytes / 1024**3:.2f} GiB in {len(list(big.iterdir()))} files |")
+        print(f"| `validate(checksums=True)`, median of {args.repeats} | {check_s:.2f} s "
+              f"({nbytes / check_s / 1e9:.2f} GB/s) |")
+        print(f"| raw read of the same files, median | {raw_s:.2f} s "
+              f"({nbytes / raw_s / 1e9:.2f} GB/s) |")
+        print(f"| checksums rate / raw rate (goal >= 0.8) | {raw_s / check_s:.2f} |")
+        print(f"\nruns (s): api {[round(x, 2) for x in api]}, cli {[round(x, 2) for x in cli]}, "
+              f"checksums {[round(x, 2) for x in checks]}, raw {[round(x, 2) for x in raws]}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -19,6 +19,7 @@ failing ranks and their errors.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 from collections.abc import Collection, Iterable, Mapping
@@ -83,6 +84,9 @@ class DistributedLoadError(DistributedError):
 #: gloo side groups by the caller's group's global ranks: (group, its timeout, the default
 #: group it was made in: a new init_process_group invalidates it).
 _META_GROUPS: dict[tuple[int, ...], tuple[dist.ProcessGroup, timedelta, object]] = {}
+# Let the side groups go while the interpreter is whole: a gloo group destroyed during
+# interpreter teardown can abort the process ("terminate called without an active exception").
+atexit.register(_META_GROUPS.clear)
 
 
 def _group_position(group: dist.ProcessGroup | None) -> tuple[int, int]:

@@ -384,4 +384,5 @@ def test_example_runs_under_torchrun(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert shardspec.validate(out, checksums=True).ok
-    assert sum("bit-exact" in line for line in run.stdout.splitlines()) == 4
+    # the four ranks print concurrently: two lines can share a line of the combined output
+    assert run.stdout.count("bit-exact") == 4

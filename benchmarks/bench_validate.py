@@ -144,7 +144,10 @@ def main() -> None:
         print(f"\nruns (s): api {[round(x, 2) for x in api]}, cli {[round(x, 2) for x in cli]}, "
               f"checksums {[round(x, 2) for x in checks]}, raw {[round(x, 2) for x in raws]}")
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not os.environ.get("KEEP"):
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print("kept", work)
 
 
 if __name__ == "__main__":

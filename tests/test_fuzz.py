@@ -57,6 +57,7 @@ import shardspec
 from conftest import make_tiny
 from shardspec.cli import app
 from shardspec.dtypes import DTYPES, element_count
+from shardspec.validate import _HASH_WORKERS
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = "shardspec.json"
@@ -203,10 +204,10 @@ def assert_inside(root: Path, opened: list[str]) -> None:
 # --- the property ------------------------------------------------------------------------------
 
 
-#: Python-level peak allocation allowed in one validate or load_rank call: the 16 MiB digest
-#: buffer plus slack. The files are a few KiB, so a read sized from a claimed length (a header
-#: length, a manifest size) would pass it.
-PEAK_BYTES = 20 * 2**20
+#: Python-level peak allocation allowed in one validate or load_rank call: 16 MiB of digest
+#: buffers for each file hashed at once, plus slack. The files are a few KiB, so a read sized
+#: from a claimed length (a header length, a manifest size) would pass it.
+PEAK_BYTES = _HASH_WORKERS * 16 * 2**20 + 4 * 2**20
 
 
 @contextmanager

@@ -62,10 +62,16 @@ def _skeleton(data: bytes) -> bytes:
     return b"".join(unescaped.split(b'"')[0::2])
 
 
+#: +1 for an opening bracket, -1 for a closing one: nesting depth by table look-up.
+_STEP = [0] * 256
+_STEP[ord("[")] = _STEP[ord("{")] = 1
+_STEP[ord("]")] = _STEP[ord("}")] = -1
+
+
 def _depth(skeleton: bytes) -> int:
     """Deepest nesting of a valid JSON text with its strings removed."""
-    steps = (1 if byte in b"[{" else -1 for byte in skeleton.translate(None, _NOT_BRACKETS))
-    return max(accumulate(steps), default=0)
+    return max(accumulate(map(_STEP.__getitem__, skeleton.translate(None, _NOT_BRACKETS))),
+               default=0)
 
 
 def _check_string(text: str) -> None:

@@ -6,14 +6,14 @@ checks each file's header against it before reading any tensor byte.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from .errors import Finding, raise_first_error
 from .manifest import Alias, FileRecord, Manifest, TensorRecord
 from .safetensors_header import Header
 
-__all__ = ["FilePlan", "RankPlan", "plan_rank"]
+__all__ = ["FilePlan", "RankPlan", "plan_rank", "plan_ranks"]
 
 
 @dataclass(frozen=True)
@@ -61,20 +61,33 @@ class RankPlan:
 
 def plan_rank(manifest: Manifest, rank: int) -> RankPlan:
     """The reads of ``rank``: only its own files (SPEC 6.1), each with its expected tensors."""
-    expected: dict[str, dict[str, tuple[str, tuple[int, ...]]]] = {
-        f.path: {} for f in manifest.files_of(rank)
+    return plan_ranks(manifest, [rank])[0]
+
+
+def plan_ranks(manifest: Manifest, ranks: Iterable[int]) -> list[RankPlan]:
+    """:func:`plan_rank` for several ranks in one pass over the pieces (a validator's view)."""
+    ranks = list(ranks)
+    expected: dict[int, dict[str, dict[str, tuple[str, tuple[int, ...]]]]] = {
+        rank: {f.path: {} for f in manifest.files_of(rank)} for rank in ranks
     }
-    held: set[str] = set()
+    held: dict[int, set[str]] = {rank: set() for rank in ranks}
     for name, record in manifest.tensors.items():
-        if isinstance(record, TensorRecord):
-            piece = record.piece_of(rank)
-            if piece is not None:
-                expected[piece.file][name] = (record.dtype, piece.shape)
-                held.add(name)
-    aliases = {
-        name: record.alias_of
-        for name, record in manifest.tensors.items()
-        if isinstance(record, Alias) and record.alias_of in held
-    }
-    files = tuple(FilePlan(f, expected[f.path]) for f in manifest.files_of(rank))
-    return RankPlan(rank, files, aliases)
+        if not isinstance(record, TensorRecord):
+            continue
+        for piece in record.pieces:
+            files = expected.get(piece.rank)
+            # A piece in a file its rank does not own is error file-rank (checks.py); a second
+            # piece of one rank is error piece-duplicate: neither gets planned.
+            if files is not None and piece.file in files and name not in held[piece.rank]:
+                files[piece.file][name] = (record.dtype, piece.shape)
+                held[piece.rank].add(name)
+    aliases = [(name, record.alias_of) for name, record in manifest.tensors.items()
+               if isinstance(record, Alias)]
+    return [
+        RankPlan(
+            rank,
+            tuple(FilePlan(f, expected[rank][f.path]) for f in manifest.files_of(rank)),
+            {name: target for name, target in aliases if target in held[rank]},
+        )
+        for rank in ranks
+    ]

@@ -7,8 +7,10 @@ rules of :mod:`shardspec.safetensors_header` and the plan agreement of :mod:`sha
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from .integrity import ALGORITHMS, digest_stream
 from .manifest import FileRecord, Manifest
 from .parse import read_manifest
 from .paths import open_inside
-from .plan import FilePlan, plan_rank
+from .plan import FilePlan, plan_ranks
 from .safetensors_header import read_header
 
 __all__ = ["Report", "validate"]
@@ -87,11 +89,20 @@ def validate(
         return report
     ranks = range(manifest.world_size) if rank is None else [rank]
     digest = _digest_findings if checksums else None
-    for r in ranks:
-        for file_plan in plan_rank(manifest, r).files:
-            report.findings += _check_data_file(root, file_plan, report, digest, progress)
-    for record in manifest.extra_files:
-        report.findings += _check_plain_file(root, record, report, digest, progress)
+    checks: list[Callable[[], tuple[list[Finding], bool]]] = [
+        partial(_check_data_file, root, file_plan, digest, progress)
+        for plan in plan_ranks(manifest, ranks) for file_plan in plan.files
+    ]
+    checks += [partial(_check_plain_file, root, record, digest, progress)
+               for record in manifest.extra_files]
+    # Hashing releases the GIL: with checksums, files are verified a few at a time so that
+    # SHA-256 (about 1.7 GB/s a core) keeps up with a fast disk. Findings keep file order.
+    workers = min(_HASH_WORKERS, len(checks)) if checksums else 1
+    with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
+        for findings, verified in pool.map(lambda check: check(), checks):
+            report.findings += findings
+            report.files_checked += 1
+            report.checksums_verified += verified
     return report
 
 
@@ -103,49 +114,50 @@ def _structure_broken(errors: list[Finding]) -> bool:
     return any(f.code.startswith(("layout-", "piece-rank", "file-rank")) for f in errors)
 
 
-Digest = Callable[[FileRecord, Any, Report, "Progress | None"], Iterator[Finding]]
+#: How many files ``validate(checksums=True)`` hashes at once.
+_HASH_WORKERS = min(4, os.cpu_count() or 1)
+
+Digest = Callable[[FileRecord, Any, "Progress | None"], list[Finding]]
 
 
 def _check_data_file(
-    root: Path, plan: FilePlan, report: Report, digest: Digest | None, progress: Progress | None
-) -> Iterator[Finding]:
+    root: Path, plan: FilePlan, digest: Digest | None, progress: Progress | None
+) -> tuple[list[Finding], bool]:
+    """Findings of one data file, and whether its digests were verified."""
     record = plan.record
-    report.files_checked += 1
     try:
         handle, size = open_inside(root, record.path)
     except ShardspecError as exc:
-        yield exc.finding
-        return
+        return [exc.finding], False
     with handle:
         if size != record.size:
-            yield _size_finding(record, size)
-            return
+            return [_size_finding(record, size)], False
         try:
             header = read_header(handle, size, record.path)
         except ShardspecError as exc:
-            yield exc.finding
+            findings = [exc.finding]
         else:
-            yield from plan.header_findings(header)
-        if digest is not None:
-            handle.seek(0)
-            yield from digest(record, handle, report, progress)
+            findings = list(plan.header_findings(header))
+        if digest is None:
+            return findings, False
+        handle.seek(0)
+        return findings + digest(record, handle, progress), True
 
 
 def _check_plain_file(
-    root: Path, record: FileRecord, report: Report, digest: Digest | None,
-    progress: Progress | None,
-) -> Iterator[Finding]:
-    report.files_checked += 1
+    root: Path, record: FileRecord, digest: Digest | None, progress: Progress | None
+) -> tuple[list[Finding], bool]:
+    """Findings of one extra file, and whether its digests were verified."""
     try:
         handle, size = open_inside(root, record.path)
     except ShardspecError as exc:
-        yield exc.finding
-        return
+        return [exc.finding], False
     with handle:
         if size != record.size:
-            yield _size_finding(record, size)
-        elif digest is not None:
-            yield from digest(record, handle, report, progress)
+            return [_size_finding(record, size)], False
+        if digest is None:
+            return [], False
+        return digest(record, handle, progress), True
 
 
 def _size_finding(record: FileRecord, size: int) -> Finding:
@@ -155,15 +167,16 @@ def _size_finding(record: FileRecord, size: int) -> Finding:
 
 
 def _digest_findings(
-    record: FileRecord, handle: Any, report: Report, progress: Progress | None
-) -> Iterator[Finding]:
+    record: FileRecord, handle: Any, progress: Progress | None
+) -> list[Finding]:
     known = tuple(name for name in record.checksums if name in ALGORITHMS)
     digests, _ = digest_stream(handle, known, progress)
-    report.checksums_verified += 1
-    for name in known:
-        if digests[name] != record.checksums[name]:
-            yield Finding(code="checksum-mismatch", file=record.path,
-                          message=f"{name} is {digests[name][:16]}…, the manifest says "
-                          f"{record.checksums[name][:16]}…",
-                          hint="the file is corrupt or was changed after the manifest was written")
+    return [
+        Finding(code="checksum-mismatch", file=record.path,
+                message=f"{name} is {digests[name][:16]}…, the manifest says "
+                f"{record.checksums[name][:16]}…",
+                hint="the file is corrupt or was changed after the manifest was written")
+        for name in known
+        if digests[name] != record.checksums[name]
+    ]
 

@@ -87,6 +87,7 @@ from .writer import (
     RankInfo,
     Shard,
     TensorInfo,
+    claim_directory,
     copy_extra_files,
     finish_manifest,
     plan_checkpoint,
@@ -458,15 +459,9 @@ def _tie_partner(manifest: Manifest) -> str | None:
 
 
 def _prepare_hf_directory(root: Path, overwrite: bool) -> None:
-    if root.exists() and not root.is_dir():
-        raise NotADirectoryError(f"{root} exists and is not a directory")
-    root.mkdir(parents=True, exist_ok=True)
-    existing = [p.name for p in root.iterdir()]
+    existing = claim_directory(root, overwrite)
     if not existing:
         return
-    if not overwrite:
-        raise FileExistsError(f"{root} is not empty; pass overwrite=True to replace the "
-                              "checkpoint in it")
     uncommit(root)
     weights = re.compile(r"^model(-\d{5}-of-\d{5})?\.safetensors$")
     for name in existing:

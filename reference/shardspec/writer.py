@@ -44,6 +44,7 @@ __all__ = [
     "RankInfo",
     "Shard",
     "TensorInfo",
+    "claim_directory",
     "copy_extra_files",
     "data_file_name",
     "describe_rank",
@@ -357,17 +358,23 @@ def _refuse_invalid(manifest: Manifest) -> None:
     raise_first_error(check_manifest(manifest))
 
 
-def prepare_directory(root: Path, overwrite: bool) -> None:
-    """Create ``root``, or empty it of a previous checkpoint when ``overwrite`` (SPEC 10.2)."""
+def claim_directory(root: Path, overwrite: bool) -> list[str]:
+    """Create ``root``, or check that ``overwrite`` allows writing into it; its names."""
     if root.exists() and not root.is_dir():
         raise NotADirectoryError(f"{root} exists and is not a directory")
     root.mkdir(parents=True, exist_ok=True)
     existing = [p.name for p in root.iterdir()]
-    if not existing:
-        return
-    if not overwrite:
+    if existing and not overwrite:
         raise FileExistsError(f"{root} is not empty; pass overwrite=True to replace the "
                               "checkpoint in it")
+    return existing
+
+
+def prepare_directory(root: Path, overwrite: bool) -> None:
+    """Create ``root``, or empty it of a previous checkpoint when ``overwrite`` (SPEC 10.2)."""
+    existing = claim_directory(root, overwrite)
+    if not existing:
+        return
     previous = read_manifest(root).manifest if MANIFEST_NAME in existing else None
     uncommit(root)  # from here on a crash leaves no manifest, never a stale one
     stale = set()

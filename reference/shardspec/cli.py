@@ -227,7 +227,8 @@ def inspect_command(
               + (f" {json.dumps(dict(quant.config))}" if quant.config else ""))
     counts = info["tensors"]
     out.print(f"tensors: {counts['total']} ({counts['global']} global, {counts['rank_local']} "
-              f"rank-local, {counts['aliases']} aliases); dtypes: "
+              f"rank-local, {counts['aliases']} alias{'' if counts['aliases'] == 1 else 'es'}); "
+              "dtypes: "
               + ", ".join(f"{k} x{v}" for k, v in info["dtypes"].items()))
     table = Table("rank", "tp", "pp", "ep", "tensors", "files", "bytes")
     for r in info["ranks"]:

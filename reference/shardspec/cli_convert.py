@@ -11,6 +11,7 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -87,6 +88,11 @@ def _load_stages(path: Path | None) -> dict[str, int] | None:
     return data
 
 
+class _Names(str, Enum):
+    hf = "hf"
+    vllm = "vllm"
+
+
 @app.command("convert")
 def convert_command(
     src: Annotated[Path, typer.Argument(help="The Hugging Face checkpoint directory.",
@@ -110,6 +116,11 @@ def convert_command(
     ] = str(DEFAULT_MAX_FILE_SIZE),
     overwrite: Annotated[bool, typer.Option("--overwrite",
                                             help="Replace a checkpoint in DST.")] = False,
+    names: Annotated[_Names, typer.Option(
+        "--names",
+        help="Tensor names: hf keeps Hugging Face's; vllm writes vLLM's fused qkv_proj and "
+        "gate_up_proj per rank (rank-local; TP > 1, PP = 1 only) for its sharded_state "
+        "loader.")] = _Names.hf,
 ) -> None:
     """Convert a Hugging Face checkpoint into a TP x PP shardspec checkpoint, streaming."""
     from .convert import convert  # imports torch: only when the command runs
@@ -120,7 +131,8 @@ def convert_command(
         with _progress("converting") as progress:
             manifest = convert(src, dst, tp_size=tp, pp_size=pp, plan=tp_plan,
                                stages=_load_stages(stages), allow_uneven=allow_uneven,
-                               max_file_size=cap, overwrite=overwrite, progress=progress)
+                               max_file_size=cap, overwrite=overwrite, progress=progress,
+                               names=names.value)
     size = sum(f.size for r in manifest.ranks for f in r.files)
     out.print(f"[bold green]converted[/] {src} -> {dst}: tp={tp} pp={pp}, "
               f"{len(manifest.tensors)} tensors, {manifest.world_size} ranks, "

@@ -29,6 +29,15 @@ memory is about one tensor.
 (``model-rank-{rank}-part-{part}.safetensors``): the TP size is the number of ranks, every
 tensor is rank-local (vLLM's pieces are not described as slices), every file is checksummed and
 nothing is rewritten or copied.
+
+With ``names="vllm"``, :func:`convert` writes the fused parameters of vLLM's Llama-, Mistral-
+and Qwen2-shaped model classes instead of the Hugging Face projections: each TP rank's
+``...self_attn.qkv_proj.weight`` (and ``.bias``) is its q rows, then its k rows, then its v rows
+(``num_attention_heads / tp`` query heads and ``num_key_value_heads / tp`` key/value heads), and
+its ``...mlp.gate_up_proj.weight`` its gate rows then its up rows. Under grouped-query attention
+such a piece is not a slice of one global tensor, so the fused tensors are rank-local
+(SPEC 7.5); every other tensor is written as with ``names="hf"``. vLLM's sharded-state loader
+reads tensor-parallel layouts only, so this needs ``tp_size > 1`` and ``pp_size == 1``.
 """
 
 from __future__ import annotations
@@ -97,6 +106,7 @@ from .writer import (
 __all__ = [
     "EMBEDDING_NAMES",
     "LM_HEAD",
+    "NAME_STYLES",
     "Imported",
     "Progress",
     "convert",
@@ -113,6 +123,15 @@ LM_HEAD = "lm_head.weight"
 #: they are looked for.
 EMBEDDING_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight", "transformer.wte.weight",
                    "model.embed_in.weight", "gpt_neox.embed_in.weight")
+
+#: The values of ``convert``'s ``names``: Hugging Face's parameter names, or vLLM's fused ones.
+NAME_STYLES = ("hf", "vllm")
+
+#: vLLM's fusions: (module suffix of the fused parameter, the Hugging Face modules it joins).
+_VLLM_FUSIONS = (
+    ("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+    ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")),
+)
 
 #: Never copied from a Hugging Face directory: weights in other formats and stale indexes.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack",
@@ -144,6 +163,115 @@ class _Split:
         offset = tuple(start if d == self.dim else 0 for d in range(len(shape)))
         piece = tuple(stop - start if d == self.dim else n for d, n in enumerate(shape))
         return Shard(shape, offset), piece, start, stop
+
+
+@dataclass(frozen=True)
+class _Fused:
+    """A rank-local tensor written as each rank's dim-0 slices of ``members``, one after the
+    other (vLLM's ``qkv_proj`` and ``gate_up_proj``); every member is split along dim 0."""
+
+    members: tuple[_Split, ...]
+    stage: int
+
+    @property
+    def dtype(self) -> Any:
+        return self.members[0].source.dtype
+
+    def shape(self, tp_rank: int) -> tuple[int, ...]:
+        rows = sum(m.sizes[tp_rank] for m in self.members)
+        return (rows, *self.members[0].source.shape[1:])
+
+    def chunks(self, tp_rank: int) -> Iterator[bytes | bytearray]:
+        for member in self.members:
+            _, _, start, stop = member.piece(tp_rank)
+            yield from iter_slice(member.source, 0, start, stop)
+
+
+def _config_int(config: Mapping[str, Any], key: str) -> int:
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(f"names='vllm' needs a positive integer {key} in config.json, got "
+                        f"{value!r}")
+    return value
+
+
+def _fuse_for_vllm(splits: dict[str, _Split], config: Mapping[str, Any] | None,
+                   tp_size: int) -> dict[str, _Split | _Fused]:
+    """``splits`` with vLLM's fused tensors in place of the projections they join (each at
+    the position of its first member); PlanError where vLLM's layout cannot be written."""
+    config = config or {}
+    heads = _config_int(config, "num_attention_heads")
+    kv_heads = _config_int(config, "num_key_value_heads") \
+        if config.get("num_key_value_heads") is not None else heads
+    if config.get("head_dim") is not None:
+        head_dim = _config_int(config, "head_dim")
+    else:
+        head_dim = _config_int(config, "hidden_size") // heads
+    if kv_heads < tp_size:
+        raise PlanError(f"names='vllm': num_key_value_heads ({kv_heads}) is smaller than the TP "
+                        f"size ({tp_size}); vLLM then replicates key/value heads across ranks, "
+                        "which convert does not write")
+    for label, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
+        if count % tp_size:
+            raise PlanError(f"names='vllm': {label} ({count}) is not a multiple of the TP size "
+                            f"({tp_size})")
+    rows_of = {"self_attn.q_proj": heads * head_dim, "self_attn.k_proj": kv_heads * head_dim,
+               "self_attn.v_proj": kv_heads * head_dim}
+    fused_at: dict[str, str] = {}       # member name -> fused name
+    groups: dict[str, list[str]] = {}   # fused name -> member names
+    for name in splits:
+        module, _, leaf = name.rpartition(".")
+        for fused, joined in _VLLM_FUSIONS:
+            for part in joined:
+                if module == part or module.endswith("." + part):
+                    prefix = module[:len(module) - len(part)]
+                    fused_name = f"{prefix}{fused}.{leaf}"
+                    wanted = [f"{prefix}{m}.{leaf}" for m in joined]
+                    missing = [w for w in wanted if w not in splits]
+                    if missing:
+                        raise PlanError(f"names='vllm': {name!r} is fused with {missing} into "
+                                        f"{fused_name!r}, but the checkpoint lacks them")
+                    if fused_name in splits:
+                        raise PlanError(f"names='vllm': the checkpoint already holds "
+                                        f"{fused_name!r}")
+                    fused_at[name] = fused_name
+                    groups[fused_name] = wanted
+    if not groups:
+        raise PlanError("names='vllm' found no q/k/v or gate/up projections to fuse; use "
+                        "names='hf'")
+    out: dict[str, _Split | _Fused] = {}
+    for name, split in splits.items():
+        target = fused_at.get(name)
+        if target is None:
+            out[name] = split
+            continue
+        if target in out:
+            continue
+        members = tuple(splits[m] for m in groups[target])
+        for member_name, member in zip(groups[target], members, strict=True):
+            module = member_name.rpartition(".")[0]
+            if member.dim != 0:
+                raise PlanError(f"names='vllm': {member_name!r} must be split along dim 0 "
+                                f"(colwise) to be fused into {target!r}; the plan gives style "
+                                f"{member.style!r}")
+            kind = next((k for k in rows_of if module == k or module.endswith("." + k)), None)
+            if kind is not None and member.source.shape[0] != rows_of[kind]:
+                raise PlanError(f"names='vllm': {member_name!r} has {member.source.shape[0]} "
+                                f"rows, but config.json gives {rows_of[kind]} (heads x "
+                                f"head_dim {head_dim})")
+            if len(set(member.sizes)) != 1:
+                raise PlanError(f"names='vllm': {member_name!r} (dim 0 of size "
+                                f"{member.source.shape[0]}) does not split evenly over "
+                                f"{tp_size} ranks")
+        if len({m.source.dtype.name for m in members}) != 1 or \
+                len({m.source.shape[1:] for m in members}) != 1:
+            raise PlanError(f"names='vllm': the tensors fused into {target!r} ({groups[target]}) "
+                            "differ in dtype or in their dims after the first")
+        if len({m.stage for m in members}) != 1:
+            raise PlanError(f"names='vllm': the tensors fused into {target!r} are on different "
+                            "pipeline stages")
+        out[target] = _Fused(members, members[0].stage)
+    return out
 
 
 def _tied_embedding(source: HFSource) -> str | None:
@@ -228,7 +356,7 @@ def _plan_splits(
     return splits, tied
 
 
-def _rank_infos(layout: Layout, splits: Mapping[str, _Split], tied: str | None
+def _rank_infos(layout: Layout, splits: Mapping[str, _Split | _Fused], tied: str | None
                 ) -> list[RankInfo]:
     infos = []
     for rank in range(layout.size):
@@ -237,8 +365,12 @@ def _rank_infos(layout: Layout, splits: Mapping[str, _Split], tied: str | None
         for name, split in splits.items():
             if split.stage != coords["pp_rank"]:
                 continue
-            shard, shape, _, _ = split.piece(coords["tp_rank"])
-            dtype = split.source.dtype
+            shard: Shard | None
+            if isinstance(split, _Fused):  # rank-local (SPEC 7.5)
+                shard, shape, dtype = None, split.shape(coords["tp_rank"]), split.dtype
+            else:
+                shard, shape, _, _ = split.piece(coords["tp_rank"])
+                dtype = split.source.dtype
             nbytes = byte_size(dtype, shape)
             if nbytes is None:
                 raise PlanError(f"tensor {name!r}: a piece of shape {list(shape)} in "
@@ -266,6 +398,7 @@ def convert(
     overwrite: bool = False,
     metadata: Mapping[str, str] | None = None,
     progress: Progress | None = None,
+    names: str = "hf",
 ) -> Manifest:
     """Convert the Hugging Face checkpoint directory ``src`` to a shardspec checkpoint ``dst``.
 
@@ -277,16 +410,30 @@ def convert(
     ``tp_size`` does not divide is refused unless ``allow_uneven``. Raises
     :class:`~shardspec.tp_plan.PlanError` or :class:`~shardspec.hf.HFError` before writing
     anything when the source or the plan is unusable.
+
+    ``names="vllm"`` writes vLLM's fused ``qkv_proj`` and ``gate_up_proj`` tensors, rank-local,
+    in place of the Hugging Face projections (see the module's docstring); it needs
+    ``tp_size > 1`` and ``pp_size == 1``, head counts in ``config.json`` that the TP size
+    divides, and at least as many key/value heads as ranks.
     """
     for label, value in (("tp_size", tp_size), ("pp_size", pp_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{label} must be a positive integer, got {value!r}")
+    if names not in NAME_STYLES:
+        raise ValueError(f"names must be one of {list(NAME_STYLES)}, got {names!r}")
+    if names == "vllm" and (tp_size < 2 or pp_size != 1):
+        raise PlanError(f"names='vllm' needs tp_size > 1 and pp_size = 1 (got tp={tp_size}, "
+                        f"pp={pp_size}): vLLM's sharded-state loader reads tensor-parallel "
+                        "checkpoints only")
     source = HFSource(src)
     root = Path(dst)
     if root.resolve() == source.root.resolve():
         raise ValueError("the destination must be another directory than the source")
     layout = Layout(tp_size=tp_size, pp_size=pp_size)
-    splits, tied = _plan_splits(source, layout, plan, stages, allow_uneven)
+    plain, tied = _plan_splits(source, layout, plan, stages, allow_uneven)
+    splits: dict[str, _Split | _Fused] = dict(plain)
+    if names == "vllm":
+        splits = _fuse_for_vllm(plain, source.config, tp_size)
     extras = hf_extra_files(source.root, exclude=root)
     info = {"converted_from": "huggingface"}
     draft = plan_checkpoint(
@@ -301,8 +448,8 @@ def convert(
     records: dict[str, FileRecord] = {}
     for rank in range(layout.size):
         tp_rank = layout.coordinates(rank)["tp_rank"]
-        for path, names in _names_by_file(draft, rank).items():
-            outs = [_piece_out(name, splits[name], tp_rank, draft) for name in names]
+        for path, in_file in _names_by_file(draft, rank).items():
+            outs = [_piece_out(name, splits[name], tp_rank, draft) for name in in_file]
             size, sha = write_safetensors(root / path, outs, metadata={"format": "pt"},
                                           progress=advance)
             records[path] = FileRecord(path=path, size=size, checksums={"sha256": sha})
@@ -322,9 +469,15 @@ def _names_by_file(draft: Manifest, rank: int) -> dict[str, list[str]]:
     return names
 
 
-def _piece_out(name: str, split: _Split, tp_rank: int, draft: Manifest) -> OutTensor:
+def _piece_out(name: str, split: _Split | _Fused, tp_rank: int, draft: Manifest
+               ) -> OutTensor:
     record = draft.tensors[name]
     assert isinstance(record, TensorRecord)
+    if isinstance(split, _Fused):
+        fused = split
+        shape = fused.shape(tp_rank)
+        return OutTensor(name, record.dtype, shape, byte_size(DTYPES[record.dtype], shape) or 0,
+                         lambda: fused.chunks(tp_rank))
     _, shape, start, stop = split.piece(tp_rank)
     nbytes = byte_size(DTYPES[record.dtype], shape) or 0
 

@@ -39,68 +39,26 @@ import torch
 import shardspec
 from shardspec import Layout
 from shardspec.reshard_load import ReadStats, load_resharded
+from synthetic import LAYERS, VOCAB, Spec, evict, make_weights, model_spec
 
 HERE = Path(__file__).resolve().parent
 MiB = 1 << 20
-VOCAB = 32000
-LAYERS = 32
 SOURCE_TP, TARGET_TP, RANK = 8, 2, 0
 
 
-def model_spec(size_bytes: int) -> list[tuple[str, tuple[int, ...], int | None]]:
-    """Llama-shaped tensors (name, shape, TP split dim) of at least ``size_bytes`` in bf16:
-    q/k/v/gate/up, the embedding and lm_head split on dim 0, o/down on dim 1 (vLLM's
-    column/row-parallel), norms replicated; the hidden size grows in steps of 64."""
-    hidden = 64
-    while True:
-        inter = -(-hidden * 11 // 4 // 64) * 64
-        kv = hidden // 4
-        spec: list[tuple[str, tuple[int, ...], int | None]] = [
-            ("model.embed_tokens.weight", (VOCAB, hidden), 0)]
-        for i in range(LAYERS):
-            p = f"model.layers.{i}."
-            spec += [
-                (p + "input_layernorm.weight", (hidden,), None),
-                (p + "self_attn.q_proj.weight", (hidden, hidden), 0),
-                (p + "self_attn.k_proj.weight", (kv, hidden), 0),
-                (p + "self_attn.v_proj.weight", (kv, hidden), 0),
-                (p + "self_attn.o_proj.weight", (hidden, hidden), 1),
-                (p + "post_attention_layernorm.weight", (hidden,), None),
-                (p + "mlp.gate_proj.weight", (inter, hidden), 0),
-                (p + "mlp.up_proj.weight", (inter, hidden), 0),
-                (p + "mlp.down_proj.weight", (hidden, inter), 1),
-            ]
-        spec += [("model.norm.weight", (hidden,), None), ("lm_head.weight", (VOCAB, hidden), 0)]
-        total = sum(2 * torch.Size(shape).numel() for _, shape, _ in spec)
-        if total >= size_bytes:
-            return spec
-        hidden += 64
-
-
 def write_checkpoint(
-    path: Path, spec: list[tuple[str, tuple[int, ...], int | None]], tp: int
+    path: Path, spec: Spec, tp: int
 ) -> None:
     """Deterministic finite bf16 weights (random bit patterns, top exponent bit cleared)."""
-    gen = torch.Generator().manual_seed(7)
+    weights = make_weights(spec, seed=7)
     states: dict[int, dict[str, torch.Tensor]] = {r: {} for r in range(tp)}
     sharding: dict[int, dict[str, shardspec.Shard]] = {r: {} for r in range(tp)}
-    for name, shape, dim in spec:
-        bits = torch.randint(-32768, 32768, shape, dtype=torch.int16, generator=gen)
-        tensor = bits.bitwise_and_(-16385).view(torch.bfloat16)
+    for name, _, dim in spec:
+        tensor = weights[name]
         for rank, (piece, shard) in enumerate(shardspec.split(tensor, dim, tp)):
             states[rank][name] = piece
             sharding[rank][name] = shard
     shardspec.save(states, path, layout=Layout(tp_size=tp), sharding=sharding)
-
-
-def evict(paths: list[Path]) -> None:
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def timed(load: Callable[[], dict[str, torch.Tensor]], device: torch.device) -> float:
@@ -140,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     out = HERE / "out"
     out.mkdir(exist_ok=True)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="reshard-", dir=out))
-    spec = model_spec(args.size_mib * MiB)
+    spec, _ = model_spec(args.size_mib * MiB)
     hidden = spec[0][1][1]
     total = sum(2 * torch.Size(shape).numel() for _, shape, _ in spec)
     print(f"# synthetic Llama: hidden {hidden}, {LAYERS} layers, vocab {VOCAB}, "

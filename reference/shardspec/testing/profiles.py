@@ -27,7 +27,9 @@ def register_profiles() -> None:
     """Register the ``ci`` and ``thorough`` profiles with Hypothesis."""
     settings.register_profile("ci", derandomize=True, max_examples=40, deadline=None,
                               database=None, suppress_health_check=[HealthCheck.too_slow])
-    settings.register_profile("thorough", max_examples=1000, deadline=None,
+    # Explicit derandomize=False: a profile inherits from the default one, and Hypothesis's
+    # default is itself derandomized when the CI environment variable is set.
+    settings.register_profile("thorough", derandomize=False, max_examples=1000, deadline=None,
                               suppress_health_check=[HealthCheck.too_slow])
 
 

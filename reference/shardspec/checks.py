@@ -127,22 +127,22 @@ def _check_pieces(
     ranks_seen: set[int] = set()
     in_bounds: list[Piece] = []
     for index, piece in enumerate(record.pieces):
-        where = f"$.tensors[{name!r}].pieces[{index}]"
         if piece.rank not in files_of_rank:
-            yield Finding(code="piece-rank", tensor=name, json_path=f"{where}.rank",
+            yield Finding(code="piece-rank", tensor=name, json_path=f"{_where(name, index)}.rank",
                           message=f"rank {piece.rank} is not in the layout")
             continue
         if piece.file not in files_of_rank[piece.rank]:
-            yield Finding(code="file-rank", tensor=name, file=piece.file, json_path=f"{where}.file",
+            yield Finding(code="file-rank", tensor=name, file=piece.file,
+                          json_path=f"{_where(name, index)}.file",
                           message=f"the piece of rank {piece.rank} lies in a file rank "
                           f"{piece.rank} does not own",
                           hint="a rank's tensors live only in its own files (SPEC 6.1)")
         if piece.rank in ranks_seen:
-            yield Finding(code="piece-duplicate", tensor=name, json_path=where,
+            yield Finding(code="piece-duplicate", tensor=name, json_path=_where(name, index),
                           message=f"rank {piece.rank} holds more than one piece")
         ranks_seen.add(piece.rank)
         if byte_size(dtype, piece.shape) is None:
-            yield Finding(code="st-size", tensor=name, json_path=f"{where}.shape",
+            yield Finding(code="st-size", tensor=name, json_path=f"{_where(name, index)}.shape",
                           message=f"a piece of shape {list(piece.shape)} in {dtype.name} does "
                           "not fill whole bytes below 2^63")
             # still a slice of the tensor: bounds and coverage (7.2, 7.3) apply to it
@@ -150,11 +150,17 @@ def _check_pieces(
             continue
         bounds = _bounds_problem(piece, record.shape)
         if bounds:
-            yield Finding(code="piece-bounds", tensor=name, json_path=where, message=bounds)
+            yield Finding(code="piece-bounds", tensor=name, json_path=_where(name, index),
+                          message=bounds)
         else:
             in_bounds.append(piece)
     if record.shape is not None and element_count(record.shape) is not None:
         yield from _check_coverage(name, record.shape, in_bounds)
+
+
+def _where(name: str, index: int) -> str:
+    """The JSON path of a piece, built only for a finding (a manifest may have 100,000)."""
+    return f"$.tensors[{name!r}].pieces[{index}]"
 
 
 def _bounds_problem(piece: Piece, shape: tuple[int, ...]) -> str | None:

@@ -221,13 +221,17 @@ class Piece:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Piece:
         offset = data.get("offset")
-        return cls(
+        # Filled in directly rather than through the frozen __init__ (one object.__setattr__
+        # a field): half the cost, and a manifest may hold 100,000 pieces.
+        piece = object.__new__(cls)
+        piece.__dict__.update(
             rank=data["rank"],
             file=data["file"],
             shape=tuple(data["shape"]),
             offset=None if offset is None else tuple(offset),
             replica=data.get("replica", 0),
         )
+        return piece
 
 
 @dataclass(frozen=True, kw_only=True)

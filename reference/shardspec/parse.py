@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .checks import check_manifest
 from .errors import Finding
+from .gcpause import paused_gc
 from .json_dialect import JSONProblem, parse_strict_json_numbers
 from .limits import (
     MANIFEST_NAME,
@@ -56,6 +57,11 @@ _JSON_CODES = {
 
 def parse_manifest(data: bytes, *, ignore_extensions: Collection[str] = ()) -> ParsedManifest:
     """Check manifest bytes against SPEC 3-7 and build the typed manifest."""
+    with paused_gc():
+        return _parse_manifest(data, ignore_extensions)
+
+
+def _parse_manifest(data: bytes, ignore_extensions: Collection[str]) -> ParsedManifest:
     where = {"file": MANIFEST_NAME}
     try:
         raw, has_floats = parse_strict_json_numbers(

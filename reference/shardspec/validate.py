@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import Finding, ShardspecError
+from .gcpause import paused_gc
 from .integrity import ALGORITHMS, digest_stream
 from .manifest import FileRecord, Manifest
 from .parse import read_manifest
@@ -87,6 +88,16 @@ def validate(
         report.findings.append(Finding(code="rank-out-of-range",
                                        message=f"rank {rank} is not in 0..{last}"))
         return report
+    with paused_gc():  # tens of thousands of header entries, as for the manifest
+        _check_files(root, manifest, report, rank, checksums, progress)
+    return report
+
+
+def _check_files(
+    root: Path, manifest: Manifest, report: Report, rank: int | None, checksums: bool,
+    progress: Progress | None,
+) -> None:
+    """Every data file of ``rank`` (or of every rank) and every extra file, into ``report``."""
     ranks = range(manifest.world_size) if rank is None else [rank]
     digest = _digest_findings if checksums else None
     checks: list[Callable[[], tuple[list[Finding], bool]]] = [
@@ -99,11 +110,11 @@ def validate(
     # SHA-256 (about 1.7 GB/s a core) keeps up with a fast disk. Findings keep file order.
     workers = min(_HASH_WORKERS, len(checks)) if checksums else 1
     with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
-        for findings, verified in pool.map(lambda check: check(), checks):
+        run = pool.map if workers > 1 else map
+        for findings, verified in run(lambda check: check(), checks):
             report.findings += findings
             report.files_checked += 1
             report.checksums_verified += verified
-    return report
 
 
 def _structure_broken(errors: list[Finding]) -> bool:

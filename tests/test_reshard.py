@@ -3,6 +3,7 @@ refusals (rank-local tensors, non-TP splits, another ep_size), pipeline-stage ch
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -266,6 +267,55 @@ def test_gaps_over_the_coalescing_limit_are_not_read(
     got = load_resharded(checkpoint.path, checkpoint.manifest, 0, target, CPU, stats=exact)
     assert_rank_matches(got, weights, target, 0)
     assert exact.reads == 8 and exact.data_bytes == exact.target_bytes == 8 * 16 * 4
+
+
+def test_reads_that_follow_each_other_are_gathered_into_one_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # TP=8 -> TP=2: in each source file the column-parallel slices and the norms lie back to
+    # back and go straight into the target: one read call for each such run, not each tensor.
+    weights = llama(vocab=256, hidden=64, kv=16, inter=176, layers=2)
+    save_sharded(tmp_path / "c", weights, 8)
+    checkpoint = shardspec.open(tmp_path / "c")
+    counts = []
+    for iov_max in (reshard_load._IOV_MAX, 1):  # 1: every buffer a call of its own
+        monkeypatch.setattr(reshard_load, "_IOV_MAX", iov_max)
+        stats = ReadStats()
+        got = load_resharded(checkpoint.path, checkpoint.manifest, 0, Layout(tp_size=2), CPU,
+                             stats=stats)
+        assert_rank_matches(got, weights, Layout(tp_size=2), 0)
+        counts.append(stats.reads)
+    split = sum(1 for _, dim in weights.values() if dim is not None)
+    # ungathered: 4 source pieces of every split tensor, one source of every norm
+    assert counts[1] == 4 * split + (len(weights) - split)
+    # gathered: entries lie in name order; a row-parallel o or down is a read of its own (into
+    # scratch), each run of other wanted entries one read. File 0 (the norms' source): [lm_head
+    # embed norm], down, [gate up norm k], o, [q v norm], down, [gate up norm k], o, [q v norm]
+    # = 9 reads; files 1-3 skip the norms, which splits each [gate up norm k] into [gate up],
+    # [k]: 11 each.
+    assert counts[0] == 9 + 3 * 11, counts
+
+
+def test_short_reads_are_continued_where_they_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The kernel may return fewer bytes than asked (a signal, a network file system): every
+    # gathered buffer must still be filled, from the right offset.
+    weights = llama(vocab=256, hidden=64, kv=16, inter=176, layers=2)
+    save_sharded(tmp_path / "c", weights, 8)
+    real = os.preadv
+
+    def short(fd: int, buffers: list[memoryview], offset: int) -> int:
+        first = buffers[0]
+        return real(fd, [first[: max(1, min(len(first), 7))]], offset)
+
+    monkeypatch.setattr(os, "preadv", short)
+    stats = ReadStats()
+    checkpoint = shardspec.open(tmp_path / "c")
+    got = load_resharded(checkpoint.path, checkpoint.manifest, 1, Layout(tp_size=2), CPU,
+                         stats=stats)
+    assert_rank_matches(got, weights, Layout(tp_size=2), 1)
+    assert stats.reads > stats.data_bytes // 7 and stats.data_bytes == stats.target_bytes
 
 
 # --- refusals ------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Resharding, the reads: a :class:`~shardspec.reshard_plan.ReshardPlan` -> tensors (SPEC 11.3).
 
 Only the byte ranges of the source pieces that overlap a target piece are read, with
-``os.preadv`` at their file offsets; runs less than :data:`COALESCE_GAP` apart are read as one.
+``os.preadv`` at their file offsets; runs less than :data:`COALESCE_GAP` apart are read as one,
+and reads that follow each other in a file are gathered into one call.
 A run that is contiguous both in its source entry and in its target piece (a column-parallel
 slice, a replicated tensor) is read straight into the target's memory; others (a row-parallel
 slice) are read into a scratch buffer and copied with one strided copy. Every source file is
@@ -244,10 +245,11 @@ def _read_file(
                     code="checksum-mismatch", file=record.path,
                     message="the file's sha256 differs from the manifest's: it is corrupt or "
                     "was changed"))
-        fd = handle.fileno()
+        reads = _Reads(handle.fileno(), stats, record.path)
         jobs = sorted(jobs, key=lambda job: header.entries[job[0]].begin)
         for name, target, source in jobs:
-            _read_box(fd, header, name, target, source, out[name], scratch, stats, record.path)
+            _read_box(reads, header, name, target, source, out[name], scratch)
+        reads.flush()
 
 
 def _unsupported(name: str, message: str) -> ShardspecError:
@@ -298,15 +300,13 @@ def _extent(box: list[int], strides: list[int], start: int) -> int:
 
 
 def _read_box(
-    fd: int,
+    reads: _Reads,
     header: Header,
     name: str,
     target: TargetPiece,
     source: SourcePiece,
     out: torch.Tensor,
     scratch: _Scratch,
-    stats: ReadStats,
-    path: str,
 ) -> None:
     bits = DTYPES[target.dtype].bits
     src, dst, box, src_off, dst_off = _geometry(name, bits, source, target)
@@ -317,8 +317,9 @@ def _read_box(
     dst_start = sum(o * s for o, s in zip(dst_off, dst_strides, strict=True))
     volume = math.prod(box)
     if _extent(box, src_strides, 0) == volume and _extent(box, dst_strides, 0) == volume:
-        _pread_into(fd, out[dst_start : dst_start + volume], base, stats, path)
+        reads.add(base, out[dst_start : dst_start + volume])
         return
+    reads.flush()  # keep the file's reads in order
     # Dims whose repetition leaves a gap over COALESCE_GAP become separate reads.
     level = 0
     for d in range(len(box) - 1):
@@ -330,7 +331,7 @@ def _read_box(
     buffer = scratch.get(count * chunk)
     for index, outer in enumerate(itertools.product(*(range(b) for b in box[:level]))):
         position = base + sum(i * s for i, s in zip(outer, src_strides, strict=False))
-        _pread_into(fd, buffer[index * chunk : (index + 1) * chunk], position, stats, path)
+        reads.read(position, buffer[index * chunk : (index + 1) * chunk])
     # One strided copy, in the widest unit that divides every row and offset. numpy's copy is
     # single-threaded: a small torch copy on a busy machine can wait milliseconds for its pool.
     unit = 8
@@ -345,18 +346,57 @@ def _read_box(
     np.copyto(into, view)
 
 
-def _pread_into(fd: int, into: torch.Tensor, position: int, stats: ReadStats, path: str) -> None:
-    """Fill ``into`` (a contiguous uint8 host tensor) with the file's bytes from ``position``."""
-    view = memoryview(into.numpy())  # type: ignore[arg-type]
-    done, total = 0, len(view)
-    while done < total:
-        got = os.preadv(fd, [view[done:]], position + done)
-        stats.reads += 1
-        if got <= 0:
-            raise SafetensorsError(Finding(code="st-offsets", file=path,
-                                           message="the file ended early: it changed while read"))
-        done += got
-    stats.data_bytes += total
+#: Most buffers one preadv takes (POSIX guarantees at least 16; Linux allows 1024).
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16, 1024)
+
+
+class _Reads:
+    """One source file's reads. Reads straight into target memory that follow each other in
+    the file are gathered and issued as one ``preadv`` scattering into every target (a
+    column-parallel slice and the norms beside it: one call, not one per tensor)."""
+
+    def __init__(self, fd: int, stats: ReadStats, path: str) -> None:
+        self.fd, self.stats, self.path = fd, stats, path
+        self.pending: list[memoryview] = []
+        self.start = self.end = 0
+
+    def add(self, position: int, into: torch.Tensor) -> None:
+        """Fill ``into`` (a contiguous uint8 host tensor) from ``position``, soon."""
+        view = memoryview(into.numpy())  # type: ignore[arg-type]
+        if not len(view):
+            return
+        if self.pending and (position != self.end or len(self.pending) == _IOV_MAX):
+            self.flush()
+        if not self.pending:
+            self.start = self.end = position
+        self.pending.append(view)
+        self.end += len(view)
+
+    def read(self, position: int, into: torch.Tensor) -> None:
+        """Fill ``into`` from ``position`` now."""
+        self.add(position, into)
+        self.flush()
+
+    def flush(self) -> None:
+        """Issue the gathered reads, repeating where the kernel returns fewer bytes."""
+        views, position = self.pending, self.start
+        self.pending = []
+        self.stats.data_bytes += sum(map(len, views))
+        while views:
+            got = os.preadv(self.fd, views, position)
+            self.stats.reads += 1
+            if got <= 0:
+                raise SafetensorsError(Finding(
+                    code="st-offsets", file=self.path,
+                    message="the file ended early: it changed while it was read"))
+            position += got
+            done = 0
+            while done < len(views) and got >= len(views[done]):
+                got -= len(views[done])
+                done += 1
+            views = views[done:]
+            if got:
+                views[0] = views[0][got:]
 
 
 # --- writing a resharded checkpoint ------------------------------------------------------------

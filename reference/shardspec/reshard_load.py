@@ -32,7 +32,7 @@ from .errors import Finding, IntegrityError, SafetensorsError, ShardspecError, e
 from .integrity import digest_stream
 from .manifest import FileRecord, Layout, Manifest, TensorRecord
 from .paths import open_inside, resolve_inside
-from .plan import FilePlan, plan_rank
+from .plan import FilePlan, plan_ranks
 from .reshard_plan import Resharder, ReshardPlan, SourcePiece, TargetPiece
 from .safetensors_header import Header, read_header
 from .writer import (
@@ -136,13 +136,11 @@ def execute_reshard(
     for name, piece in plan.pieces.items():
         for source in piece.sources:
             jobs.setdefault((source.rank, source.file), []).append((name, piece, source))
-    file_plans: dict[int, dict[str, FilePlan]] = {}
-    work = []
-    for (source_rank, path), file_jobs in sorted(jobs.items()):
-        if source_rank not in file_plans:
-            file_plans[source_rank] = {f.record.path: f
-                                       for f in plan_rank(manifest, source_rank).files}
-        work.append((file_plans[source_rank][path], file_jobs, ReadStats()))
+    file_plans = {f.record.path: f  # one pass over the manifest for every source rank
+                  for rank_plan in plan_ranks(manifest, sorted({r for r, _ in jobs}))
+                  for f in rank_plan.files}
+    work = [(file_plans[path], file_jobs, ReadStats())
+            for (_, path), file_jobs in sorted(jobs.items())]
 
     def read(item: tuple[FilePlan, list[tuple[str, TargetPiece, SourcePiece]], ReadStats]
              ) -> None:

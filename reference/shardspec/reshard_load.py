@@ -344,8 +344,15 @@ def _read_box(
     np.copyto(into, view)
 
 
-#: Most buffers one preadv takes (POSIX guarantees at least 16; Linux allows 1024).
-_IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16, 1024)
+def _iov_max() -> int:
+    """Most buffers one preadv takes: the system's limit (Linux: 1024), else POSIX's minimum."""
+    try:
+        return max(16, min(os.sysconf("SC_IOV_MAX"), 1024))
+    except (AttributeError, ValueError, OSError):
+        return 16
+
+
+_IOV_MAX = _iov_max()
 
 
 class _Reads:

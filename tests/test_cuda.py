@@ -45,3 +45,27 @@ def test_large_file_streams_through_the_staging_buffers(
     loaded = shardspec.load_rank(tmp_path / "c", 0, "cuda:0", verify=True)
     assert torch.equal(loaded["t"].cpu(), tensor)
     assert loaded["odd"].cpu().tolist() == list(range(7))
+
+
+@pytest.mark.parametrize("buffers,readers", [(2, 1), (3, 2), (4, 4)])
+def test_cuda_load_equals_cpu_load_moved_bit_for_bit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, buffers: int, readers: int
+) -> None:
+    import shardspec.load
+
+    monkeypatch.setattr(shardspec.load, "CHUNK_BYTES", 1 << 16)
+    monkeypatch.setattr(shardspec.load, "STAGING_BUFFERS", buffers)
+    monkeypatch.setattr(shardspec.load, "STAGING_READERS", readers)
+    gen = torch.Generator().manual_seed(3)
+    state = {
+        "a": torch.randint(-(2**15), 2**15, (777, 129), dtype=torch.int16, generator=gen)
+        .view(torch.bfloat16),
+        "b": torch.randint(0, 256, (3 << 16,), dtype=torch.uint8, generator=gen),
+        "c": torch.arange(5, dtype=torch.int8),
+    }
+    shardspec.save({0: state}, tmp_path / "c", layout=shardspec.Layout(tp_size=1))
+    on_cpu = shardspec.load_rank(tmp_path / "c", 0, "cpu")
+    on_gpu = shardspec.load_rank(tmp_path / "c", 0, "cuda:0", verify=True)
+    for name, tensor in on_cpu.items():
+        assert on_gpu[name].device.type == "cuda"
+        assert_same_tensor(on_gpu[name].cpu(), tensor)

@@ -1,8 +1,12 @@
 """A plan of reads -> tensors on a device.
 
-Each data file's data region is read with large sequential reads into one buffer on the target
-device; tensors are views of that buffer. On CUDA the reads go through two pinned staging
-buffers so that reading chunk i+1 overlaps the host-to-device copy of chunk i.
+Each data file's data region becomes one buffer and its tensors are views of it:
+
+- ``cpu``, copying (the default): large sequential reads into one fresh host buffer per file,
+  advised for huge pages so first touch costs one fault per 2 MiB (:mod:`shardspec.host_memory`);
+- ``cpu`` with ``mmap``: the file mapped copy-on-write, read by the kernel only where touched;
+- ``cuda``: reads through a bounded ring of pinned staging buffers, each chunk's host-to-device
+  copy overlapping the next reads (:mod:`shardspec.staging`); no full-size host copy.
 """
 
 from __future__ import annotations
@@ -15,33 +19,53 @@ import torch
 
 from .dtypes import torch_layout
 from .errors import Finding, IntegrityError, SafetensorsError
+from .host_memory import fresh_buffer, map_file
 from .integrity import Readable
 from .paths import open_inside
 from .plan import FilePlan, RankPlan
 from .safetensors_header import Entry, read_header
+from .staging import CopyEngine, CudaCopyEngine, staged_read
 
-__all__ = ["CHUNK_BYTES", "execute_plan"]
+__all__ = ["CHUNK_BYTES", "STAGING_BUFFERS", "STAGING_READERS", "execute_plan"]
 
 #: Bytes per read call: large enough for sequential throughput, small enough to stage in pinned
 #: memory and to overlap with host-to-device copies.
 CHUNK_BYTES = 64 * 1024 * 1024
 
+#: Pinned staging buffers of CHUNK_BYTES each for a CUDA load: the bound on pinned memory.
+STAGING_BUFFERS = 2
+
+#: Reads in flight at once while staging (at most STAGING_BUFFERS).
+STAGING_READERS = 1
+
 
 def execute_plan(
-    root: Path, plan: RankPlan, device: torch.device, *, verify: bool = False
+    root: Path,
+    plan: RankPlan,
+    device: torch.device,
+    *,
+    verify: bool = False,
+    mmap: bool = False,
+    engine: CopyEngine | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Read every file of ``plan`` onto ``device``; aliases share their target's storage."""
-    stager = _CudaStager(device) if device.type == "cuda" else None
+    """Read every file of ``plan`` onto ``device``; aliases share their target's storage.
+
+    ``mmap`` (cpu only) maps the files instead of reading them. ``engine`` overrides the copy
+    engine of a non-cpu device (tests drive the staging logic through it on a CPU-only machine).
+    """
+    if engine is None and device.type == "cuda":
+        engine = CudaCopyEngine(device)
     tensors: dict[str, torch.Tensor] = {}
     for file_plan in plan.files:
-        tensors.update(_load_file(root, file_plan, device, stager, verify))
+        tensors.update(_load_file(root, file_plan, device, engine, verify, mmap))
     for alias, target in plan.aliases.items():
         tensors[alias] = tensors[target]
     return tensors
 
 
 def _load_file(
-    root: Path, plan: FilePlan, device: torch.device, stager: _CudaStager | None, verify: bool
+    root: Path, plan: FilePlan, device: torch.device, engine: CopyEngine | None, verify: bool,
+    mmap: bool,
 ) -> dict[str, torch.Tensor]:
     record = plan.record
     handle, size = open_inside(root, record.path)
@@ -54,10 +78,16 @@ def _load_file(
         plan.check_header(header)
         digest = hashlib.sha256(header.header_bytes) if verify else None
         count = size - header.data_start
-        if stager is not None:
-            data = stager.read(handle, count, record.path, digest)
+        if mmap:
+            data = map_file(handle, size)[header.data_start:]
+            if digest is not None:
+                digest.update(memoryview(data.numpy()))  # type: ignore[arg-type]
+        elif engine is not None:
+            data = staged_read(engine, handle.fileno(), header.data_start, count, record.path,
+                               digest, chunk=CHUNK_BYTES, depth=STAGING_BUFFERS,
+                               readers=STAGING_READERS)
         else:
-            data = _read_into(handle, torch.empty(count, dtype=torch.uint8), record.path, digest)
+            data = _read_into(handle, fresh_buffer(count), record.path, digest)
     if digest is not None and digest.hexdigest() != record.checksums["sha256"]:
         raise IntegrityError(Finding(
             code="checksum-mismatch", file=record.path,
@@ -68,7 +98,7 @@ def _load_file(
 def _read_into(
     handle: Readable, buffer: torch.Tensor, path: str, digest: Any | None
 ) -> torch.Tensor:
-    """Fill ``buffer`` (host memory) from ``handle`` in large reads."""
+    """Fill ``buffer`` (host memory) from ``handle``'s position in large reads."""
     view = memoryview(buffer.numpy())  # type: ignore[arg-type]
     position, total = 0, len(view)
     while position < total:
@@ -82,41 +112,6 @@ def _read_into(
     return buffer
 
 
-class _CudaStager:
-    """Double-buffered pinned staging for reads that end on a CUDA device."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        self.buffers: list[torch.Tensor] = []
-        self.events = [torch.cuda.Event(), torch.cuda.Event()]  # type: ignore[no-untyped-call]
-
-    def _staging(self, index: int, size: int) -> torch.Tensor:
-        while len(self.buffers) < 2:
-            self.buffers.append(torch.empty(CHUNK_BYTES, dtype=torch.uint8, pin_memory=True))
-        return self.buffers[index][:size]
-
-    def read(
-        self, handle: Readable, count: int, path: str, digest: Any | None
-    ) -> torch.Tensor:
-        out = torch.empty(count, dtype=torch.uint8, device=self.device)
-        # ``out`` may reuse memory that work queued on the current stream still uses; the copies
-        # run on a side stream, so they must wait for that work first.
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        position, turn = 0, 0
-        while position < count:
-            size = min(CHUNK_BYTES, count - position)
-            self.events[turn].synchronize()  # the copy that last used this buffer is done
-            staging = _read_into(handle, self._staging(turn, size), path, digest)
-            with torch.cuda.stream(self.stream):
-                out[position : position + size].copy_(staging, non_blocking=True)
-                self.events[turn].record(self.stream)
-            position += size
-            turn ^= 1
-        self.stream.synchronize()
-        return out
-
-
 def _view(data: torch.Tensor, entry: Entry, device: torch.device) -> torch.Tensor:
     dtype, shape = torch_layout(entry.dtype, entry.shape)
     if entry.begin == entry.end:
@@ -127,6 +122,6 @@ def _view(data: torch.Tensor, entry: Entry, device: torch.device) -> torch.Tenso
             # strides overflow int64; a tensor without elements needs no strides.
             return torch.empty_strided(shape, (0,) * len(shape), dtype=dtype, device=device)
     raw = data[entry.begin : entry.end]
-    if entry.begin % dtype.itemsize:
+    if raw.storage_offset() % dtype.itemsize:
         raw = raw.clone()  # an unaligned offset is legal (SPEC 6.3) but torch cannot view it
     return raw.view(dtype).reshape(shape)

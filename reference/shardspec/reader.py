@@ -65,6 +65,7 @@ class Checkpoint:
         verify: bool = False,
         expect_quantization: str | None = None,
         layout: Layout | None = None,
+        mmap: bool = False,
     ) -> dict[str, torch.Tensor]:
         """Load ``rank``'s tensors onto ``device``, reading only that rank's files.
 
@@ -78,14 +79,28 @@ class Checkpoint:
         read. Rank-local tensors cannot be resharded (RequestError ``reshard-rank-local``).
         With ``verify`` every source file the load reads from is hashed whole, so verifying
         reads those files in full.
+
+        ``mmap`` (device ``cpu`` only) returns tensors backed by copy-on-write mappings of the
+        data files instead of copies: no byte is read until touched, and writes to the tensors
+        never reach the files (safetensors' ``load_file`` does the same). A data file that is
+        truncated while such tensors live makes touching them fail with SIGBUS, as with any
+        mapping; copy what must outlive the files.
         """
+        target = resolve_device(device)
+        if mmap and target.type != "cpu":
+            raise RequestError(Finding(
+                code="device-invalid",
+                message=f"mmap=True maps files into host memory: it needs device 'cpu', "
+                f"not {str(target)!r}"))
         if layout is not None and layout != self.layout:
+            if mmap:
+                raise ValueError("mmap=True cannot be combined with resharding (layout=...): "
+                                 "a resharded piece is gathered into new memory")
             self._check_quantization(expect_quantization)
-            return load_resharded(self.path, self.manifest, rank, layout,
-                                  resolve_device(device), verify=verify)
+            return load_resharded(self.path, self.manifest, rank, layout, target, verify=verify)
         plan = self.plan(rank)
         self._check_quantization(expect_quantization)
-        return execute_plan(self.path, plan, resolve_device(device), verify=verify)
+        return execute_plan(self.path, plan, target, verify=verify, mmap=mmap)
 
     def _check_quantization(self, expect_quantization: str | None) -> None:
         method = self.manifest.quantization.method
@@ -121,9 +136,11 @@ def load_rank(
     expect_quantization: str | None = None,
     ignore_extensions: Collection[str] = (),
     layout: Layout | None = None,
+    mmap: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Shortcut: ``open(path).load_rank(rank, device, ...)``."""
     checkpoint = open_checkpoint(path, ignore_extensions=ignore_extensions)
     return checkpoint.load_rank(
-        rank, device, verify=verify, expect_quantization=expect_quantization, layout=layout
+        rank, device, verify=verify, expect_quantization=expect_quantization, layout=layout,
+        mmap=mmap,
     )

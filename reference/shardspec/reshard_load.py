@@ -28,11 +28,13 @@ from numpy.lib.stride_tricks import as_strided
 
 from .commit import commit_manifest
 from .dtypes import DTYPES, torch_layout
-from .errors import Finding, IntegrityError, SafetensorsError, ShardspecError, error_for
+from .errors import Finding, IntegrityError, ShardspecError, error_for
+from .host_memory import fresh_buffer
 from .integrity import digest_stream
 from .manifest import FileRecord, Layout, Manifest, TensorRecord
 from .paths import open_inside, resolve_inside
 from .plan import FilePlan, plan_ranks
+from .reads import pread_into
 from .reshard_plan import Resharder, ReshardPlan, SourcePiece, TargetPiece
 from .safetensors_header import Header, read_header
 from .writer import (
@@ -169,12 +171,12 @@ def _allocate(pieces: Mapping[str, TargetPiece], separate: bool) -> dict[str, to
     """Name -> a flat uint8 host tensor of the piece's bytes (uninitialised)."""
     sizes = {name: p.nbytes for name, p in pieces.items() if p.nbytes}
     if separate:
-        return {name: torch.empty(size, dtype=torch.uint8) for name, size in sizes.items()}
+        return {name: fresh_buffer(size) for name, size in sizes.items()}
     offsets, total = {}, 0
     for name, size in sizes.items():
         offsets[name] = total
         total += -(-size // _ALIGN) * _ALIGN
-    buffer = torch.empty(total, dtype=torch.uint8)
+    buffer = fresh_buffer(total)
     return {name: buffer[offsets[name] : offsets[name] + size] for name, size in sizes.items()}
 
 
@@ -387,21 +389,7 @@ class _Reads:
         views, position = self.pending, self.start
         self.pending = []
         self.stats.data_bytes += sum(map(len, views))
-        while views:
-            got = os.preadv(self.fd, views, position)
-            self.stats.reads += 1
-            if got <= 0:
-                raise SafetensorsError(Finding(
-                    code="st-offsets", file=self.path,
-                    message="the file ended early: it changed while it was read"))
-            position += got
-            done = 0
-            while done < len(views) and got >= len(views[done]):
-                got -= len(views[done])
-                done += 1
-            views = views[done:]
-            if got:
-                views[0] = views[0][got:]
+        self.stats.reads += pread_into(self.fd, views, position, self.path)
 
 
 # --- writing a resharded checkpoint ------------------------------------------------------------

@@ -1,26 +1,41 @@
-"""Load benchmark: one rank's load from a shardspec checkpoint vs. the single-file baseline.
+"""Load benchmark: one rank's load from a shardspec checkpoint against what a user would do instead.
 
-On a synthetic Llama-shaped bf16 checkpoint (default 1 GiB), for each TP size this times, in one
-run and interleaved per repeat, the load of one rank (rank TP-1, the last) three ways:
+A synthetic Llama-shaped bf16 checkpoint (default 1 GiB) is written once as one whole file and as
+a shardspec checkpoint per TP size. For each TP size, rank TP-1 (the last) is loaded by every
+contender, interleaved in a rotating order in each repeat, from a cold page cache (every file
+evicted before every timed load) and from a warm one:
 
-* ``baseline``  - what the pre-sharded format replaced: ``safetensors.torch.load_file`` of the
-  whole single-file checkpoint, then slicing this rank's part of every tensor (``narrow`` along
-  the TP dim) and copying it, contiguous, to the device;
-* ``shardspec`` - ``shardspec.open(path).load_rank(rank, device)``, manifest parse included;
-* ``raw``       - plain ``readinto`` of exactly the rank's data files, in large chunks, into one
-  preallocated host buffer: the floor any loader pays for those bytes.
+* ``baseline``       - the whole-checkpoint loader: ``safetensors.torch.load_file`` of the whole
+  file, then this rank's slice of every tensor copied contiguous to the device;
+* ``shardspec``      - ``shardspec.open(path).load_rank(rank, device)``: copies into fresh memory
+  (huge-page advised on CPU, pinned staging on CUDA); ``open()``'s share is recorded too;
+* ``shardspec-4k``   - the same with huge pages off (``host_memory.USE_HUGE_PAGES = False``);
+* ``shardspec-mmap`` - ``open`` + ``load_rank(mmap=True)``: copy-on-write file mappings (cpu);
+* ``st-mmap``        - ``safetensors.torch.load_file`` of the rank's own file(s): lazy mappings,
+  what vLLM's sharded-state loader gets;
+* ``st-pread``       - the same with ``backend="pread"``: safetensors' copying loader;
+* ``read-fresh``     - plain ``readinto`` of the rank's files into a new ``torch.empty`` buffer;
+* ``read-reused``    - the same into one buffer allocated once, outside the clock (the floor);
 
-Cold by default: before every timed load every file of the benchmark is flushed and evicted from
-the page cache (``fsync`` + ``posix_fadvise(POSIX_FADV_DONTNEED)``, no root needed). Whether that
-took effect is checked with ``mincore`` and reported. ``--drop-caches`` also writes
-``/proc/sys/vm/drop_caches`` (when writable) before every timed load; that is off by default
-because it empties the page cache of the whole machine and, with the ``sync`` it needs, adds
-other processes' I/O to the measurement.
+and, untimed by the touch below (the zero-copy comparison): ``shardspec-mmap-lazy``
+(``load_rank(mmap=True)`` on a checkpoint opened outside the clock) and ``st-lazy``
+(``load_file`` of the rank's file), neither touching a byte.
 
-This is a benchmark, not a test: it exits non-zero only when the loaded tensors are wrong.
+Fair: on CPU every contender's result is *touched* before the clock stops, by the same
+function: one byte of every 4 KiB page of every distinct storage is read, so a lazy mapping is
+faulted in (from the page cache or the disk) like a copy is. On CUDA the clock stops after
+``torch.cuda.synchronize()``; the contenders there are ``baseline``, ``shardspec``, ``st-cuda``
+(``load_file(device=...)``), ``read-reused``, ``pinned-h2d`` (one host-to-device copy of the
+rank's bytes from a pinned buffer: the copy engine's rate) and ``read-then-h2d`` (a plain read
+into a reused pinned buffer, then one copy: reads and copies not overlapped).
+
+``--procs 8`` (default: the largest TP size) also loads all ranks of that TP size at once, one
+process per rank, started together; the wall time from start to the last rank done is reported.
+
+This is a benchmark, not a test: it exits non-zero only when loaded tensors are wrong.
 
     PYTHONPATH=reference python benchmarks/bench_load.py [--size-gib 1] [--tp 1,2,4,8]
-        [--repeats 3] [--device cpu|cuda] [--warm] [--drop-caches] [--json OUT] [--keep]
+        [--repeats 5] [--cache cold,warm] [--device cpu|cuda] [--procs 8] [--json OUT] [--keep]
 """
 
 from __future__ import annotations
@@ -31,7 +46,7 @@ import ctypes.util
 import datetime as dt
 import gc
 import json
-import mmap
+import multiprocessing
 import os
 import platform
 import shutil
@@ -50,18 +65,25 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import shardspec
+import shardspec.host_memory
 from synthetic import LAYERS, evict, make_weights, model_spec
 
 HERE = Path(__file__).resolve().parent
 GiB = 1 << 30
 MiB = 1 << 20
 GB = 1e9  # rates are decimal GB/s
+PAGE = 4096
+CHUNK = 64 * MiB
 
-METHODS = ("baseline", "shardspec", "raw")
+CPU_METHODS = ("baseline", "shardspec", "shardspec-4k", "shardspec-mmap", "st-mmap", "st-pread",
+               "read-fresh", "read-reused")
+CPU_LAZY = ("shardspec-mmap-lazy", "st-lazy")
+CUDA_METHODS = ("baseline", "shardspec", "st-cuda", "read-reused", "pinned-h2d", "read-then-h2d")
+PROC_METHODS = ("baseline", "shardspec", "shardspec-mmap", "st-mmap", "st-pread", "read-fresh")
 
 
 # --------------------------------------------------------------------------------------------
-# Synthetic model
+# Synthetic model and page cache
 
 
 def fsync_path(path: Path) -> None:
@@ -149,8 +171,10 @@ class PageCache:
             os.close(fd)
 
 
+
+
 # --------------------------------------------------------------------------------------------
-# The three loads
+# The contenders
 
 
 def sync(device: torch.device) -> None:
@@ -158,14 +182,33 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def touch(result: Any) -> int:
+    """Read one byte of every 4 KiB page of every distinct storage in ``result``.
+
+    A lazy mapping is faulted in by this (from the page cache, or the disk when cold); memory a
+    copy already wrote is only read. The same function runs on every contender's result.
+    """
+    if isinstance(result, dict):
+        tensors = list(result.values())
+    else:
+        tensors = list(result) if isinstance(result, list) else [result]
+    seen: set[int] = set()
+    total = 0
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if storage.nbytes() == 0 or storage.data_ptr() in seen or tensor.device.type != "cpu":
+            continue
+        seen.add(storage.data_ptr())
+        flat = torch.empty(0, dtype=torch.uint8).set_(storage)
+        total += int(flat[::PAGE].sum()) + int(flat[-1])
+    return total
+
+
 def load_baseline(
     path: Path, dims: dict[str, int | None], tp: int, rank: int, device: torch.device
 ) -> dict[str, torch.Tensor]:
-    """The seed's way: read the whole file, keep this rank's slice of each tensor.
-
-    The slice is copied (as vLLM's weight loaders copy it into the parameter), so the result is
-    owned memory on ``device``, not a view into safetensors' memory map of the whole file.
-    """
+    """Read the whole file, keep this rank's slice of each tensor, copied (as vLLM's weight
+    loaders copy it into the parameter): owned memory on ``device``, not a view of the map."""
     full = load_file(str(path), device="cpu")
     out = {}
     for name, tensor in full.items():
@@ -176,41 +219,97 @@ def load_baseline(
 
 
 def load_shardspec(
-    path: Path, rank: int, device: torch.device, open_times: list[float] | None = None
+    path: Path, rank: int, device: torch.device, open_times: list[float] | None = None,
+    **kwargs: Any,
 ) -> dict[str, torch.Tensor]:
-    """open (manifest read, schema and semantic checks) + load_rank; open's share is noted."""
     start = time.perf_counter()
     checkpoint = shardspec.open(path)
     if open_times is not None:
         open_times.append(time.perf_counter() - start)
-    return checkpoint.load_rank(rank, device)
+    return checkpoint.load_rank(rank, device, **kwargs)
 
 
-def raw_read(paths: list[Path], chunk: int, buffer_kind: str = "mmap") -> Any:
-    """Read ``paths`` end to end into one preallocated buffer with large readinto calls.
-
-    ``mmap``: an anonymous mapping, ordinary 4 KiB pages like the loader's ``torch.empty``
-    buffer. ``numpy``: ``np.empty``, which numpy madvises for transparent huge pages; where
-    THP is in ``madvise`` mode that changes the cost of faulting the buffer in (measured on the
-    benchmark's VM: faster from a warm cache, slower from a cold one).
-    """
-    total = sum(p.stat().st_size for p in paths)
-    buffer: Any = mmap.mmap(-1, total) if buffer_kind == "mmap" else np.empty(total, np.uint8)
-    view = memoryview(buffer)
-    position = 0
+def load_shardspec_4k(path: Path, rank: int, device: torch.device) -> dict[str, torch.Tensor]:
+    shardspec.host_memory.USE_HUGE_PAGES = False
     try:
-        for path in paths:
-            with open(path, "rb", buffering=0) as f:
-                while True:
-                    got = f.readinto(view[position : position + chunk])
-                    if not got:
-                        break
-                    position += got
+        return load_shardspec(path, rank, device)
     finally:
-        view.release()
-    if position != total:
-        raise RuntimeError(f"raw read got {position} bytes, expected {total}")
+        shardspec.host_memory.USE_HUGE_PAGES = True
+
+
+def load_st(files: list[Path], device: str = "cpu", backend: str = "mmap"
+            ) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for path in files:
+        out.update(load_file(str(path), device=device, backend=backend))
+    return out
+
+
+def read_into(paths: list[Path], buffer: torch.Tensor) -> torch.Tensor:
+    """Fill ``buffer`` with ``paths`` end to end, 64 MiB ``readinto`` calls."""
+    view = memoryview(buffer.numpy())
+    position = 0
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while got := f.readinto(view[position : position + CHUNK]):
+                position += got
+    if position != len(view):
+        raise RuntimeError(f"read {position} bytes, expected {len(view)}")
     return buffer
+
+
+def read_fresh(paths: list[Path]) -> list[torch.Tensor]:
+    """One new torch.empty buffer per file (what a loader that allocates per file pays)."""
+    return [read_into([p], torch.empty(p.stat().st_size, dtype=torch.uint8)) for p in paths]
+
+
+def contenders(
+    device: torch.device, ckpt: Path, baseline_file: Path, dims: dict[str, int | None], tp: int,
+    rank: int, files: list[Path], open_times: list[float],
+) -> dict[str, Callable[[], Any]]:
+    """Name -> a function doing one load (touch included on cpu)."""
+    nbytes = sum(p.stat().st_size for p in files)
+    if device.type == "cpu":
+        reused = torch.empty(nbytes, dtype=torch.uint8)
+        reused.fill_(0)  # faulted in once, outside the clock
+        opened = shardspec.open(ckpt)
+        loads: dict[str, Callable[[], Any]] = {
+            "baseline": lambda: load_baseline(baseline_file, dims, tp, rank, device),
+            "shardspec": lambda: load_shardspec(ckpt, rank, device, open_times),
+            "shardspec-4k": lambda: load_shardspec_4k(ckpt, rank, device),
+            "shardspec-mmap": lambda: load_shardspec(ckpt, rank, device, mmap=True),
+            "st-mmap": lambda: load_st(files),
+            "st-pread": lambda: load_st(files, backend="pread"),
+            "read-fresh": lambda: read_fresh(files),
+            "read-reused": lambda: read_into(files, reused),
+        }
+        timed_loads: dict[str, Callable[[], Any]] = {
+            name: (lambda fn=fn: (touch(r := fn()), r)[1]) for name, fn in loads.items()}
+        timed_loads["shardspec-mmap-lazy"] = lambda: opened.load_rank(rank, "cpu", mmap=True)
+        timed_loads["st-lazy"] = lambda: load_st(files)
+        return timed_loads
+    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    read_into(files, pinned)
+    host = torch.empty(nbytes, dtype=torch.uint8)
+    host.fill_(0)
+    return {
+        "baseline": lambda: load_baseline(baseline_file, dims, tp, rank, device),
+        "shardspec": lambda: load_shardspec(ckpt, rank, device, open_times),
+        "st-cuda": lambda: load_st(files, device=str(device)),
+        "read-reused": lambda: read_into(files, host),
+        "pinned-h2d": lambda: pinned.to(device, non_blocking=True),
+        "read-then-h2d": lambda: read_into(files, pinned).to(device, non_blocking=True),
+    }
+
+
+def eviction_check(cache: PageCache, path: Path) -> str:
+    """Whether eviction works here: residency of ``path`` warm and right after eviction."""
+    read_into([path], torch.empty(path.stat().st_size, dtype=torch.uint8))
+    warm = cache.resident(path)
+    cache.evict([path])
+    cold = cache.resident(path)
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    return f"{path.name} resident warm {pct(warm)}, after evict {pct(cold)}"
 
 
 def timed(fn: Callable[[], Any], device: torch.device) -> float:
@@ -224,9 +323,7 @@ def timed(fn: Callable[[], Any], device: torch.device) -> float:
     return elapsed
 
 
-def check_equal(
-    got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]
-) -> list[str]:
+def check_equal(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> list[str]:
     problems = []
     if set(got) != set(expected):
         problems.append(f"names differ: only shardspec {sorted(set(got) - set(expected))[:5]}, "
@@ -238,6 +335,74 @@ def check_equal(
         elif not torch.equal(a.view(torch.int16).cpu(), b.view(torch.int16).cpu()):
             problems.append(f"{name}: values differ")
     return problems
+
+
+# --------------------------------------------------------------------------------------------
+# Every rank at once, one process each
+
+
+def _worker(conn: Any, barrier: Any, args: dict[str, Any]) -> None:
+    """One rank's process: load by the method it is sent, after the shared start."""
+    device = torch.device(args["device"])
+    if device.type == "cuda":
+        device = torch.device("cuda", args["rank"] % torch.cuda.device_count())
+        torch.empty(1, device=device)
+    ckpt, rank, tp = Path(args["ckpt"]), args["rank"], args["tp"]
+    files = shardspec.open(ckpt).rank_files(rank)
+    dims = args["dims"]
+    loads: dict[str, Callable[[], Any]] = {
+        "baseline": lambda: load_baseline(Path(args["baseline"]), dims, tp, rank, device),
+        "shardspec": lambda: load_shardspec(ckpt, rank, device),
+        "shardspec-mmap": lambda: load_shardspec(ckpt, rank, device, mmap=True),
+        "st-mmap": lambda: load_st(files),
+        "st-pread": lambda: load_st(files, backend="pread"),
+        "read-fresh": lambda: read_fresh(files),
+    }
+    conn.send("ready")
+    while (method := conn.recv()) is not None:
+        barrier.wait()
+        start = time.perf_counter()
+        result = loads[method]()
+        touch(result)
+        sync(device)
+        end = time.perf_counter()
+        del result
+        gc.collect()
+        conn.send((start, end))
+
+
+class RankProcesses:
+    """``tp`` worker processes, one per rank, kept for every run of every method."""
+
+    def __init__(self, args: dict[str, Any], tp: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.barrier = context.Barrier(tp + 1)
+        self.pipes, self.procs = [], []
+        for rank in range(tp):
+            parent, child = context.Pipe()
+            proc = context.Process(target=_worker, args=(child, self.barrier,
+                                                         {**args, "rank": rank, "tp": tp}))
+            proc.start()
+            self.pipes.append(parent)
+            self.procs.append(proc)
+        for pipe in self.pipes:
+            if pipe.recv() != "ready":
+                raise RuntimeError("a rank process failed to start")
+
+    def run(self, method: str) -> float:
+        """Seconds from the common start to the last rank done."""
+        for pipe in self.pipes:
+            pipe.send(method)
+        self.barrier.wait()
+        start = time.perf_counter()
+        ends = [pipe.recv()[1] for pipe in self.pipes]
+        return max(ends) - start
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            pipe.send(None)
+        for proc in self.procs:
+            proc.join(timeout=60)
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,6 +466,8 @@ def machine_info(workdir: Path, device: torch.device) -> dict[str, Any]:
     return info
 
 
+
+
 # --------------------------------------------------------------------------------------------
 # Main
 
@@ -311,54 +478,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--size-gib", type=float, default=1.0,
                     help="checkpoint size (at least this much bf16 data; default 1.0)")
     ap.add_argument("--tp", default="1,2,4,8", help="TP sizes, comma-separated (default 1,2,4,8)")
-    ap.add_argument("--repeats", type=int, default=3,
-                    help="timed loads per method and TP; the median is reported (default 3)")
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="timed loads per contender, TP and cache state; medians are reported "
+                    "(default 5)")
+    ap.add_argument("--cache", default="cold,warm",
+                    help="page cache states to run, comma-separated: cold, warm (default both)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    ap.add_argument("--procs", type=int, default=None,
+                    help="also load every rank of this TP size at once, one process per rank "
+                    "(default: the largest --tp; 0: skip)")
     ap.add_argument("--workdir", type=Path, default=None,
                     help="where to write the checkpoints (default: a new temp dir under "
                     "benchmarks/out)")
-    mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--cold", dest="cold", action="store_true", default=True,
-                      help="evict the files from the page cache before every timed load "
-                      "(default)")
-    mode.add_argument("--warm", dest="cold", action="store_false",
-                      help="page cache left warm (one untimed load of each kind first)")
-    ap.add_argument("--drop-caches", action="store_true",
-                    help="with --cold, also write /proc/sys/vm/drop_caches before every timed "
-                    "load (needs root and a writable /proc/sys; machine-wide)")
-    ap.add_argument("--raw-chunk-mib", type=int, default=64,
-                    help="read size of the raw read, MiB (default 64, as the loader's)")
-    ap.add_argument("--raw-buffer", choices=("mmap", "numpy"), default="mmap",
-                    help="buffer of the raw read: anonymous mmap, 4 KiB pages like the loader's "
-                    "(default), or np.empty (transparent huge pages where THP=madvise)")
     ap.add_argument("--json", type=Path, default=None, help="write all results to this file")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoints afterwards")
     args = ap.parse_args(argv)
     args.tps = [int(t) for t in args.tp.split(",") if t.strip()]
+    args.caches = [c.strip() for c in args.cache.split(",") if c.strip()]
     if not args.tps or min(args.tps) < 1:
         ap.error("--tp needs positive integers")
+    if not args.caches or set(args.caches) - {"cold", "warm"}:
+        ap.error("--cache takes cold, warm or both")
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
+    if args.procs is None:
+        args.procs = max(args.tps)
     return args
-
-
-def eviction_check(cache: PageCache, path: Path, device: torch.device) -> dict[str, Any]:
-    """Warm read vs. read right after eviction, and page-cache residency after eviction."""
-    chunk = 64 * MiB
-    size = path.stat().st_size
-    raw_read([path], chunk)  # make it warm
-    warm_resident = cache.resident(path)
-    warm = timed(lambda: raw_read([path], chunk), device)
-    cache.evict([path])
-    cold_resident = cache.resident(path)
-    cold = timed(lambda: raw_read([path], chunk), device)
-    return {
-        "file_bytes": size,
-        "resident_when_warm": warm_resident,
-        "resident_after_evict": cold_resident,
-        "warm_read_gbps": size / warm / GB,
-        "read_after_evict_gbps": size / cold / GB,
-    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -371,15 +516,12 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda", device.index or 0)
         torch.empty(1, device=device)  # create the context before any clock starts
         torch.cuda.synchronize(device)
-
     if args.workdir is None:
         out = Path(os.environ.get("SHARDSPEC_BENCH_OUT", HERE / "out"))
         out.mkdir(parents=True, exist_ok=True)
         workdir = Path(tempfile.mkdtemp(prefix="bench-", dir=out))
-        made_workdir = True
     else:
         workdir = args.workdir
-        made_workdir = not workdir.exists()
         workdir.mkdir(parents=True, exist_ok=True)
         if any(workdir.iterdir()):
             print(f"--workdir {workdir} is not empty", file=sys.stderr)
@@ -387,194 +529,92 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args, device, workdir)
     finally:
-        if not args.keep:
-            if made_workdir:
-                shutil.rmtree(workdir, ignore_errors=True)
-            else:
-                for child in workdir.iterdir():
-                    if child.is_dir():
-                        shutil.rmtree(child, ignore_errors=True)
-                    else:
-                        child.unlink(missing_ok=True)
-        else:
+        if args.keep:
             print(f"kept the checkpoints in {workdir}")
+        elif args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            for child in workdir.iterdir():
+                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()
 
 
 def run(args: argparse.Namespace, device: torch.device, workdir: Path) -> int:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console = Console(highlight=False, width=160)
     spec, hidden = model_spec(int(args.size_gib * GiB))
     dims = {name: dim for name, _, dim in spec}
-    for name, shape, dim in spec:
-        if dim is not None and any(shape[dim] % tp for tp in args.tps):
-            console.print(f"note: {name} dim {dim} ({shape[dim]}) does not divide evenly by "
-                          f"every TP in {args.tps}; tensor_split sizes are used")
-            break
-
     t0 = time.perf_counter()
     weights = make_weights(spec)
     total = sum(t.numel() * t.element_size() for t in weights.values())
-    console.print(f"synthetic model: {len(weights)} bf16 tensors, hidden {hidden}, "
-                  f"{LAYERS} layers, {total / GiB:.3f} GiB; generated in "
-                  f"{time.perf_counter() - t0:.1f} s")
+    print(f"synthetic model: {len(weights)} bf16 tensors, hidden {hidden}, {LAYERS} layers, "
+          f"{total / GiB:.3f} GiB; generated in {time.perf_counter() - t0:.1f} s")
     t0 = time.perf_counter()
-    write_checkpoints(weights, dims, workdir, args.tps)
+    tps = sorted(set(args.tps) | ({args.procs} if args.procs else set()))
+    write_checkpoints(weights, dims, workdir, tps)
     del weights
     gc.collect()
-    console.print(f"wrote the baseline file and {len(args.tps)} shardspec checkpoints to "
-                  f"{workdir} in {time.perf_counter() - t0:.1f} s")
-
-    baseline_path = workdir / "model.safetensors"
+    print(f"wrote the baseline file and {len(tps)} shardspec checkpoints in "
+          f"{time.perf_counter() - t0:.1f} s")
+    baseline_file = workdir / "model.safetensors"
     all_files = sorted(p for p in workdir.rglob("*") if p.is_file())
-    cache = PageCache(drop_caches=args.cold and args.drop_caches)
+    cache = PageCache()
     info = machine_info(workdir, device)
-    evict = eviction_check(cache, baseline_path, device) if args.cold else None
-    info["page_cache"] = "cold" if args.cold else "warm"
-    info["eviction"] = (
-        ("posix_fadvise(DONTNEED) after fsync"
-         + (" + /proc/sys/vm/drop_caches" if cache.drop_caches
-            else "; drop_caches not used" + (" (not writable)" if args.drop_caches else "")))
-        if args.cold else "none (--warm)")
-    info["eviction_check"] = evict
-
-    chunk = args.raw_chunk_mib * MiB
+    info["eviction"] = ("fsync + posix_fadvise(DONTNEED) of every file before every cold load; "
+                        + eviction_check(cache, baseline_file))
+    methods = CPU_METHODS + CPU_LAZY if device.type == "cpu" else CUDA_METHODS
     results: list[dict[str, Any]] = []
     failed = False
+
     for tp in args.tps:
         rank = tp - 1
-        ckpt_path = workdir / f"tp{tp}"
-        rank_files = shardspec.open(ckpt_path).rank_files(rank)
-        open_times: list[float] = []
-        rank_bytes = sum(p.stat().st_size for p in rank_files)
-        base_bytes = baseline_path.stat().st_size
-        fns: dict[str, Callable[[], Any]] = {
-            "baseline": lambda tp=tp, rank=rank: load_baseline(baseline_path, dims, tp, rank,
-                                                               device),
-            "shardspec": lambda p=ckpt_path, rank=rank, opens=open_times: load_shardspec(
-                p, rank, device, opens),
-            "raw": lambda files=rank_files: raw_read(files, chunk, args.raw_buffer),
-        }
-        if not args.cold:
-            for fn in fns.values():
-                timed(fn, device)  # warm-up
-        open_times.clear()
-        times: dict[str, list[float]] = {m: [] for m in METHODS}
-        for rep in range(args.repeats):
-            order = METHODS[rep % 3:] + METHODS[: rep % 3]  # rotate to spread drift and noise
-            for method in order:
-                if args.cold:
-                    cache.evict(all_files)
-                times[method].append(timed(fns[method], device))
-
-        # correctness, untimed
-        expected = load_baseline(baseline_path, dims, tp, rank, device)
-        got = load_shardspec(ckpt_path, rank, device)
-        problems = check_equal(got, expected)
-        del expected, got
-        gc.collect()
+        ckpt = workdir / f"tp{tp}"
+        files = shardspec.open(ckpt).rank_files(rank)
+        nbytes = sum(p.stat().st_size for p in files)
+        problems = check_equal(load_shardspec(ckpt, rank, device),
+                               load_baseline(baseline_file, dims, tp, rank, device))
+        if device.type == "cpu":
+            problems += check_equal(load_shardspec(ckpt, rank, device, mmap=True),
+                                    load_baseline(baseline_file, dims, tp, rank, device))
+        failed |= bool(problems)
+        for state in args.caches:
+            open_times: list[float] = []
+            fns = contenders(device, ckpt, baseline_file, dims, tp, rank, files, open_times)
+            if state == "warm":
+                for fn in fns.values():
+                    timed(fn, device)  # fill the page cache; first-use costs out of the clock
+            open_times.clear()
+            times: dict[str, list[float]] = {m: [] for m in methods}
+            for repeat in range(args.repeats):
+                shift = repeat % len(methods)
+                for method in methods[shift:] + methods[:shift]:
+                    if state == "cold":
+                        cache.evict(all_files)
+                    times[method].append(timed(fns[method], device))
+            med = {m: statistics.median(v) for m, v in times.items()}
+            row = {"tp": tp, "rank": rank, "cache": state, "rank_bytes": nbytes,
+                   "baseline_bytes": baseline_file.stat().st_size, "times_s": times,
+                   "median_s": med, "open_s": open_times,
+                   "open_median_s": statistics.median(open_times),
+                   "load_rank_median_s": statistics.median(
+                       t - o for t, o in zip(times["shardspec"], open_times, strict=True)),
+                   "bit_exact": not problems}
+            results.append(row)
+            print(f"TP={tp} rank {rank} {state}: " + ", ".join(
+                f"{m} {med[m] * 1e3:.1f}" for m in methods) + f" ms; open "
+                f"{row['open_median_s'] * 1e3:.1f} ms" + ("" if not problems else " MISMATCH"))
+            del fns
+            gc.collect()
         if problems:
-            failed = True
-            console.print(f"[red]TP={tp} rank {rank}: shardspec differs from the baseline "
-                          f"slices:[/red] " + escape("; ".join(problems[:5])))
+            print(f"TP={tp}: shardspec differs from the baseline's slices: {problems[:5]}")
 
-        med = {m: statistics.median(v) for m, v in times.items()}
-        # the same shardspec loads without their open(): the data path alone
-        load_only = statistics.median(
-            t - o for t, o in zip(times["shardspec"], open_times, strict=True))
-        row = {
-            "tp": tp, "rank": rank,
-            "baseline_bytes": base_bytes, "rank_bytes": rank_bytes, "rank_files": len(rank_files),
-            "manifest_bytes": (ckpt_path / "shardspec.json").stat().st_size,
-            "times_s": times, "median_s": med,
-            "shardspec_open_s": open_times,
-            "shardspec_open_median_s": statistics.median(open_times),
-            "shardspec_load_only_median_s": load_only,
-            "baseline_gbps": base_bytes / med["baseline"] / GB,
-            "shardspec_gbps": rank_bytes / med["shardspec"] / GB,
-            "raw_gbps": rank_bytes / med["raw"] / GB,
-            "speedup": med["baseline"] / med["shardspec"],
-            "rate_vs_raw": med["raw"] / med["shardspec"],
-            "load_only_vs_raw": med["raw"] / load_only,
-            "bit_exact": not problems,
-        }
-        results.append(row)
-        console.print(escape(f"TP={tp} rank {rank}: " + ", ".join(
-            f"{m} {med[m]:.3f} s [{' '.join(f'{x:.3f}' for x in times[m])}]" for m in METHODS)
-            + f", shardspec open [{' '.join(f'{x:.3f}' for x in open_times)}] "
-            f"({'bit-exact' if not problems else 'MISMATCH'})"))
+    procs: list[dict[str, Any]] = []
+    if args.procs:
+        procs = run_processes(args, device, workdir, dims, cache, all_files)
 
-    # ---- report
-    console.print()
-    console.print("[bold]Machine[/bold]")
-    for key in ("cpu", "cores", "cores_usable", "ram_gib", "filesystem", "kernel",
-                "transparent_hugepage", "python",
-                "torch", "safetensors", "numpy", "shardspec", "commit", "gpu", "date", "page_cache",
-                "eviction"):
-        if key in info:
-            console.print(f"  {key}: {escape(str(info[key]))}")
-    if evict:
-        res_w, res_c = evict["resident_when_warm"], evict["resident_after_evict"]
-        console.print(
-            f"  eviction check on model.safetensors ({evict['file_bytes'] / GiB:.2f} GiB): "
-            f"resident warm {_pct(res_w)}, after evict {_pct(res_c)}; read warm "
-            f"{evict['warm_read_gbps']:.2f} GB/s, right after evict "
-            f"{evict['read_after_evict_gbps']:.2f} GB/s")
-    console.print(f"  model: {total / GiB:.3f} GiB bf16, {len(spec)} tensors; device {device}; "
-                  f"median of {args.repeats}; rank timed = TP-1; GB = 1e9 bytes; "
-                  f"raw read: {args.raw_chunk_mib} MiB readinto into one {args.raw_buffer} buffer")
-
-    headers = ["TP", "rank", "baseline reads", "baseline s", "baseline GB/s", "rank reads",
-               "shardspec s", "of which open s", "shardspec GB/s", "raw s", "raw GB/s",
-               "speedup", "goal >= 0.8*TP", "shardspec/raw", "goal >= 0.8",
-               "without open: s", "speedup", "/raw"]
-    short = ["TP", "rank", "base\nreads", "base\ns", "base\nGB/s", "rank\nreads", "shardspec\ns",
-             "open\ns", "shardspec\nGB/s", "raw\ns", "raw\nGB/s", "speedup", "goal\n0.8*TP",
-             "shardspec\n/raw", "goal\n0.8", "w/o open\ns", "w/o open\nspeedup",
-             "w/o open\n/raw"]
-    rows = []
-    for r in results:
-        goal = 0.8 * r["tp"]
-        rows.append([
-            str(r["tp"]), str(r["rank"]), f"{r['baseline_bytes'] / MiB:.0f} MiB",
-            f"{r['median_s']['baseline']:.3f}", f"{r['baseline_gbps']:.2f}",
-            f"{r['rank_bytes'] / MiB:.0f} MiB",
-            f"{r['median_s']['shardspec']:.3f}", f"{r['shardspec_open_median_s']:.3f}",
-            f"{r['shardspec_gbps']:.2f}",
-            f"{r['median_s']['raw']:.3f}", f"{r['raw_gbps']:.2f}",
-            f"{r['speedup']:.2f}x", ("met" if r["speedup"] >= goal else "NOT met")
-            + f" ({goal:.1f})",
-            f"{r['rate_vs_raw']:.2f}", "met" if r["rate_vs_raw"] >= 0.8 else "NOT met",
-            f"{r['shardspec_load_only_median_s']:.3f}",
-            f"{r['median_s']['baseline'] / r['shardspec_load_only_median_s']:.2f}x",
-            f"{r['load_only_vs_raw']:.2f}",
-        ])
-    table = Table(title=f"One rank's load, {total / GiB:.2f} GiB checkpoint, "
-                  f"{'cold' if args.cold else 'warm'} cache, device {device}")
-    for h in short:
-        table.add_column(h, justify="right")
-    for row_cells in rows:
-        table.add_row(*row_cells)
-    console.print()
-    console.print(table)
-
-    print()
-    print("| " + " | ".join(headers) + " |")
-    print("|" + "|".join("---:" for _ in headers) + "|")
-    for row_cells in rows:
-        print("| " + " | ".join(row_cells) + " |")
-    print()
-
+    report(args, device, info, total, len(spec), results, procs)
     if args.json:
         args.json.write_text(json.dumps({
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "machine": info, "model_bytes": total, "hidden": hidden, "tensors": len(spec),
-            "results": results,
-        }, indent=2))
+            "results": results, "processes": procs}, indent=1))
         print(f"results written to {args.json}")
     if failed:
         print("FAILED: shardspec's tensors differ from the baseline's slices", file=sys.stderr)
@@ -582,8 +622,125 @@ def run(args: argparse.Namespace, device: torch.device, workdir: Path) -> int:
     return 0
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
+def run_processes(
+    args: argparse.Namespace, device: torch.device, workdir: Path, dims: dict[str, int | None],
+    cache: PageCache, all_files: list[Path],
+) -> list[dict[str, Any]]:
+    tp = args.procs
+    ckpt = workdir / f"tp{tp}"
+    ranks = RankProcesses({"device": str(device), "ckpt": str(ckpt), "dims": dims,
+                           "baseline": str(workdir / "model.safetensors")}, tp)
+    methods = PROC_METHODS if device.type == "cpu" else ("baseline", "shardspec", "read-fresh")
+    rows = []
+    try:
+        for state in args.caches:
+            if state == "warm":
+                for method in methods:
+                    ranks.run(method)
+            times: dict[str, list[float]] = {m: [] for m in methods}
+            for repeat in range(args.repeats):
+                shift = repeat % len(methods)
+                for method in methods[shift:] + methods[:shift]:
+                    if state == "cold":
+                        cache.evict(all_files)
+                    times[method].append(ranks.run(method))
+            med = {m: statistics.median(v) for m, v in times.items()}
+            rows.append({"tp": tp, "cache": state, "times_s": times, "median_s": med,
+                         "bytes": sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))})
+            print(f"{tp} processes at once, {state}: " + ", ".join(
+                f"{m} {med[m]:.3f} s" for m in methods))
+    finally:
+        ranks.close()
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}"
+
+
+def report(
+    args: argparse.Namespace, device: torch.device, info: dict[str, Any], total: int,
+    tensors: int, results: list[dict[str, Any]], procs: list[dict[str, Any]],
+) -> None:
+    print("\nMachine")
+    for key, value in info.items():
+        print(f"  {key}: {value}")
+    print(f"  model: {total / GiB:.3f} GiB bf16, {tensors} tensors; device {device}; median of "
+          f"{args.repeats}; rank timed = TP-1; GB = 1e9 bytes")
+    cpu = device.type == "cpu"
+    for state in args.caches:
+        rows = [r for r in results if r["cache"] == state]
+        if not rows:
+            continue
+        print(f"\n#### One rank's load, {state} cache, {device} (median seconds)\n")
+        if cpu:
+            cols = ["TP", "rank reads", "baseline reads", "baseline s", "shardspec s",
+                    "of which open s", "shardspec-4k s", "shardspec-mmap s", "st-mmap s",
+                    "st-pread s", "raw s", "read-reused s", "speedup"]
+        else:
+            cols = ["TP", "rank reads", "baseline reads", "baseline s", "shardspec s",
+                    "of which open s", "st-cuda s", "read-reused s", "pinned-h2d s",
+                    "read-then-h2d s", "shardspec GB/s", "speedup"]
+        print("| " + " | ".join(cols) + " |")
+        print("|" + "|".join("---:" for _ in cols) + "|")
+        for r in rows:
+            m = r["median_s"]
+            cells = {"TP": str(r["tp"]), "rank reads": f"{r['rank_bytes'] / MiB:.0f} MiB",
+                     "baseline reads": f"{r['baseline_bytes'] / MiB:.0f} MiB",
+                     "of which open s": f"{r['open_median_s']:.4f}",
+                     "raw s": f"{m.get('read-fresh', 0):.4f}",
+                     "shardspec GB/s": f"{r['rank_bytes'] / m['shardspec'] / GB:.2f}",
+                     "speedup": f"{m['baseline'] / m['shardspec']:.2f}x"}
+            for name in m:
+                cells.setdefault(f"{name} s", f"{m[name]:.4f}")
+            print("| " + " | ".join(cells[c] for c in cols) + " |")
+        print(f"\n#### Goals, {state} cache ({device})\n")
+        if cpu:
+            cols = ["TP", "load_rank s (opened)", "read-fresh / load_rank (>= 0.9)",
+                    "read-fresh / shardspec incl. open", "st-mmap touched / shardspec (>= 1)",
+                    "st-pread / shardspec", "shardspec-mmap-lazy ms", "st-lazy ms",
+                    "mmap-lazy / st-lazy (<= 1.2)"]
+        else:
+            cols = ["TP", "load_rank s (opened)", "shardspec GB/s", "pinned-h2d GB/s",
+                    "read-reused GB/s", "st-cuda / shardspec"]
+        print("| " + " | ".join(cols) + " |")
+        print("|" + "|".join("---:" for _ in cols) + "|")
+        for r in rows:
+            m, lr, nb = r["median_s"], r["load_rank_median_s"], r["rank_bytes"]
+            if cpu:
+                cells = [str(r["tp"]), f"{lr:.4f}", _ratio(m["read-fresh"], lr),
+                         _ratio(m["read-fresh"], m["shardspec"]),
+                         _ratio(m["st-mmap"], m["shardspec"]),
+                         _ratio(m["st-pread"], m["shardspec"]),
+                         f"{m['shardspec-mmap-lazy'] * 1e3:.2f}", f"{m['st-lazy'] * 1e3:.2f}",
+                         _ratio(m["shardspec-mmap-lazy"], m["st-lazy"])]
+            else:
+                cells = [str(r["tp"]), f"{lr:.4f}", f"{nb / m['shardspec'] / GB:.2f}",
+                         f"{nb / m['pinned-h2d'] / GB:.2f}", f"{nb / m['read-reused'] / GB:.2f}",
+                         _ratio(m["st-cuda"], m["shardspec"])]
+            print("| " + " | ".join(cells) + " |")
+    if procs:
+        methods = list(procs[0]["median_s"])
+        print(f"\n#### {procs[0]['tp']} ranks at once, one process each (median wall seconds, "
+              "start to last rank done)\n")
+        print("| cache | " + " | ".join(methods) + " | baseline / shardspec |")
+        print("|---|" + "|".join("---:" for _ in methods) + "|---:|")
+        for row in procs:
+            m = row["median_s"]
+            print(f"| {row['cache']} | " + " | ".join(f"{m[x]:.3f}" for x in methods)
+                  + f" | {m['baseline'] / m['shardspec']:.2f}x |")
+    print("\nEvery repeat (seconds):")
+    for r in results:
+        print(f"  TP={r['tp']} {r['cache']}: " + "; ".join(
+            f"{k} [{' '.join(f'{x:.4f}' for x in v)}]" for k, v in r["times_s"].items())
+            + f"; open [{' '.join(f'{x:.4f}' for x in r['open_s'])}]")
+    for row in procs:
+        print(f"  {row['tp']} processes {row['cache']}: " + "; ".join(
+            f"{k} [{' '.join(f'{x:.3f}' for x in v)}]" for k, v in row["times_s"].items()))
 
 
 if __name__ == "__main__":

@@ -304,6 +304,7 @@ def load(
     ignore_extensions: Collection[str] = (),
     timeout: timedelta = DEFAULT_TIMEOUT,
     layout: Layout | None = None,
+    mmap: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Load this rank's tensors from the checkpoint at ``path``; call on every rank.
 
@@ -316,7 +317,8 @@ def load(
     Where the group's size differs from the checkpoint's world size, each rank reshards on load
     (SPEC 11.3, partial reads): to ``layout`` when given, else to the checkpoint's layout with
     ``tp_size`` scaled to the group (same ``pp_size`` and ``ep_size``). ``layout`` can also
-    reshard a checkpoint of the group's own size to another split.
+    reshard a checkpoint of the group's own size to another split. ``mmap`` (device ``cpu``)
+    maps the files instead of copying them, as :meth:`shardspec.Checkpoint.load_rank` does.
 
     First, on every rank: the checkpoint opens, the target layout's world size equals the
     group's size and the checkpoint can be resharded to it (else
@@ -366,7 +368,7 @@ def load(
             f"checkpoint is quantized with {method!r}"))
     reshard_to = None if wanted == checkpoint.layout else wanted
     ok, loaded, local = _attempt(checkpoint.load_rank, rank, target, verify=verify,
-                                 layout=reshard_to)
+                                 layout=reshard_to, mmap=mmap)
     channel.step("loading", ok, None if ok else loaded, local)
     tensors: dict[str, torch.Tensor] = loaded
     return tensors

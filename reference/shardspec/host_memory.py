@@ -18,10 +18,15 @@ from contextlib import suppress
 
 import torch
 
-__all__ = ["HUGE_PAGE_BYTES", "fresh_buffer", "map_file"]
+__all__ = ["HUGE_PAGE_BYTES", "USE_HUGE_PAGES", "fresh_buffer", "map_file"]
 
 #: Below this, a buffer is ordinary allocator memory: huge pages cannot help a smaller one.
 HUGE_PAGE_BYTES = 2 * 1024 * 1024
+
+#: Advise fresh buffers for transparent huge pages. Where THP's ``defrag`` setting makes the
+#: kernel compact memory on fault, a fragmented machine can stall a fault for milliseconds
+#: (seen as rare outliers on the benchmark VM); set False to get torch.empty's 4 KiB pages.
+USE_HUGE_PAGES = True
 
 # Absent on Windows (and MADV_HUGEPAGE on other non-Linux systems): then plain memory is used.
 _PRIVATE_ANONYMOUS = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
@@ -30,7 +35,7 @@ _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 def fresh_buffer(nbytes: int) -> torch.Tensor:
     """``nbytes`` of new, writable host memory as a uint8 tensor, advised for huge pages."""
-    if nbytes < HUGE_PAGE_BYTES or not hasattr(mmap, "MAP_ANONYMOUS"):
+    if nbytes < HUGE_PAGE_BYTES or not USE_HUGE_PAGES or not hasattr(mmap, "MAP_ANONYMOUS"):
         return torch.empty(nbytes, dtype=torch.uint8)
     try:
         mapping = mmap.mmap(-1, nbytes, flags=_PRIVATE_ANONYMOUS)

@@ -66,6 +66,7 @@ from safetensors.torch import load_file, save_file
 
 import shardspec
 import shardspec.host_memory
+import shardspec.load
 from synthetic import LAYERS, evict, make_weights, model_spec
 
 HERE = Path(__file__).resolve().parent
@@ -490,6 +491,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workdir", type=Path, default=None,
                     help="where to write the checkpoints (default: a new temp dir under "
                     "benchmarks/out)")
+    ap.add_argument("--staging", default=None, metavar="READERSxBUFFERSxCHUNK_MIB",
+                    help="CUDA staging: reads in flight, pinned buffers and their size, e.g. "
+                    "2x4x32 (default: shardspec.load's STAGING_READERS, STAGING_BUFFERS, "
+                    "CHUNK_BYTES)")
     ap.add_argument("--json", type=Path, default=None, help="write all results to this file")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoints afterwards")
     args = ap.parse_args(argv)
@@ -503,6 +508,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--repeats must be at least 1")
     if args.procs is None:
         args.procs = max(args.tps)
+    if args.staging is not None:
+        try:
+            readers, buffers, chunk_mib = (int(x) for x in args.staging.split("x"))
+        except ValueError:
+            ap.error("--staging takes READERSxBUFFERSxCHUNK_MIB, e.g. 2x4x32")
+        if min(readers, buffers, chunk_mib) < 1:
+            ap.error("--staging needs positive numbers")
+        shardspec.load.STAGING_READERS = readers
+        shardspec.load.STAGING_BUFFERS = buffers
+        shardspec.load.CHUNK_BYTES = chunk_mib * MiB
     return args
 
 
@@ -557,6 +572,10 @@ def run(args: argparse.Namespace, device: torch.device, workdir: Path) -> int:
     all_files = sorted(p for p in workdir.rglob("*") if p.is_file())
     cache = PageCache()
     info = machine_info(workdir, device)
+    if device.type == "cuda":
+        info["staging"] = (f"{shardspec.load.STAGING_READERS} reads in flight, "
+                           f"{shardspec.load.STAGING_BUFFERS} pinned buffers of "
+                           f"{shardspec.load.CHUNK_BYTES // MiB} MiB")
     info["eviction"] = ("fsync + posix_fadvise(DONTNEED) of every file before every cold load; "
                         + eviction_check(cache, baseline_file))
     methods = CPU_METHODS + CPU_LAZY if device.type == "cpu" else CUDA_METHODS

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardspec.json_dialect import JSONProblem, parse_strict_json, parse_strict_json_numbers
+from shardspec import json_dialect
+from shardspec.json_dialect import (
+    JSONProblem,
+    _skeleton,
+    count_members,
+    decode_fast,
+    parse_strict_json,
+    parse_strict_json_numbers,
+)
 from shardspec.parse import parse_manifest
 
 LIMITS = {"max_bytes": 1_000_000, "max_depth": 64}
@@ -167,3 +176,106 @@ def test_depth_and_float_detection_on_raw_bytes_match_the_parsed_tree(
     if depth:
         with pytest.raises(JSONProblem):
             parse_strict_json_numbers(data, max_bytes=1 << 20, max_depth=depth - 1)
+
+
+# --- the fast decoder: the same value as the strict parser, or no answer ----------------------
+
+
+def fast(data: bytes, max_depth: int = 64) -> tuple[object, int] | None:
+    return decode_fast(data, max_bytes=1 << 20, max_depth=max_depth)
+
+
+@pytest.mark.parametrize("data", [
+    b'\xef\xbb\xbf{"a": 1}',  # byte order mark
+    b'{"a": "\xff"}', b'{"a": "\xc0\x80"}', b'{"a": "\xed\xa0\x80"}', b'{"a": "\xf4\x90\x80\x80"}',
+    b'{"a": "\xe2\x82"}',  # not UTF-8: a stray byte, overlong, an encoded surrogate, too high, cut
+    b'{"a": "\x01"}', b'{"a": "\t"}', b'{"a": "\x1f"}', b'{"a\x00": 1}',  # raw control characters
+    b'{"a": NaN}', b'{"a": Infinity}', b'{"a": -Infinity}', b'{"a": 1e400}',
+    b'{"a": 1.5}', b'{"a": 4.0}', b'{"a": 1E5}', b'{"a": -0.0}', b'[0e0]',  # fraction, exponent
+    b'{"a": 12345678901234567890}', b'{"a": -' + b"9" * 20 + b"}", b'{"a": ' + b"9" * 5000 + b"}",
+    b'{"a": "\\ud800"}', b'{"\\udfff": 1}', b'{"a": "\\ud83d\\ude00"}',  # surrogate escapes
+    nested(65), nested(200_000), b'{"a":' * 65 + b"1" + b"}" * 65,
+    b"", b"   ", b"{", b'{"a": 1,}', b"[1,]", b"{'a': 1}", b'{"a": 1} x', b'{"a": 1}{}',
+    b"/* c */ {}", b'{"a": 01}', b'{"a": +1}', b'{"a": True}', b'\x0c{"a": 1}', b'{"a": "\\x"}',
+])
+def test_fast_decoder_gives_no_answer_where_the_strict_parser_may_differ(data: bytes) -> None:
+    assert fast(data) is None
+
+
+def test_fast_decoder_gives_no_answer_past_the_size_limit() -> None:
+    data = b'{"a": "' + b"x" * 100 + b'"}'
+    assert decode_fast(data, max_bytes=len(data) - 1, max_depth=64) is None
+    assert decode_fast(data, max_bytes=len(data), max_depth=64) is not None
+
+
+@pytest.mark.parametrize("data", [
+    b' \t\r\n{"a": 1} \n\t', b"[]", b"{}", b"0", b'"x"', b"null", b"true", b"[false]",
+    b'{"a": 1234567890123456789, "b": -1234567890123456789, "c": -0, "d": 9223372036854775808}',
+    b'{"\\u00e9\\u0041": "\\/\\b\\f\\n\\r\\t\\"\\\\", "b": "a\\\\", "c": "\\\\\\""}',
+    b'{"k:{[": ":,}]\\"", "x": {"y": [{"z": {}}, []]}}', "{\"é\": \"日本 😀\"}".encode(),
+    nested(64), b'{"a":' * 64 + b"1" + b"}" * 64,
+])
+def test_fast_decoder_answers_like_the_strict_parser(data: bytes) -> None:
+    answer = fast(data)
+    assert answer is not None
+    value, members = answer
+    assert value == parse_strict_json(data, **LIMITS)
+    assert members == count_members(value)
+
+
+@pytest.mark.parametrize("data", [
+    b'{"a": 1, "a": 1}', b'{"a": 1, "a": 2}', b'{"a": {"k": [1], "k": [1]}}',
+    b'[{"x": 0}, {"y": {"z": 1, "z": 1}}]', b'{"\\u0061": 1, "a": 1}', b'{"a\\"": 1, "a\\"": 2}',
+])
+def test_fast_decoder_counts_the_members_a_duplicate_name_hides(data: bytes) -> None:
+    answer = fast(data)
+    assert answer is not None
+    value, members = answer
+    assert members == count_members(value) + 1
+    assert kind_of(data) == "duplicate-name"
+
+
+def _split_skeleton(data: bytes) -> bytes:
+    """The skeleton as first written: split at quotes, keep the even-numbered chunks."""
+    unescaped = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    return b"".join(unescaped.split(b'"')[0::2])
+
+
+@given(st.binary(max_size=300) | st.lists(st.sampled_from(
+    [b'"', b"\\", b"\\\\", b'\\"', b"a", b":", b"{", b"}", b"1", b" "]), max_size=60).map(b"".join))
+def test_skeleton_keeps_the_bytes_outside_strings(data: bytes) -> None:
+    assert _skeleton(data) == _split_skeleton(data)
+
+
+def test_skeleton_carries_the_quote_parity_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(json_dialect, "_CHUNK", 3)
+    data = b'{"ab": "c\\"d", "e": [1, "f:g"], "\\\\": 2}' * 3
+    assert _skeleton(data) == _split_skeleton(data)
+
+
+@given(_JSON_VALUES, st.booleans(), st.booleans())
+def test_fast_decoder_agrees_with_the_strict_parser(
+    value: object, ascii_only: bool, compact: bool
+) -> None:
+    data = json.dumps(value, ensure_ascii=ascii_only,
+                      separators=(",", ":") if compact else None).encode("utf-8")
+    answer = fast(data, max_depth=1000)
+    strict = parse_strict_json(data, max_bytes=1 << 20, max_depth=1000)
+    if answer is not None:
+        assert answer == (strict, count_members(strict))
+    # Where no number has a fraction, none has 20 digits and no escape is a surrogate, there is
+    # an answer: the fast path is not quietly the slow one.
+    if not (_has_float(value) or re.search(rb"[0-9]{20}", data)
+            or re.search(rb"\\u[dD][89a-fA-F]", data)):
+        assert answer is not None
+
+
+@given(_JSON_VALUES.filter(lambda v: isinstance(v, dict) and len(v) > 0), st.data())
+def test_fast_decoder_always_notices_a_duplicate_name(value: dict[str, object],
+                                                      data: st.DataObject) -> None:
+    name = data.draw(st.sampled_from(sorted(value)))
+    text = json.dumps(value).encode("utf-8")
+    twice = b"{" + json.dumps(name).encode() + b": null, " + text[1:]
+    answer = fast(twice, max_depth=1000)
+    if answer is not None:
+        assert answer[1] != count_members(answer[0])

@@ -8,10 +8,18 @@ from __future__ import annotations
 import json
 import math
 import re
-from itertools import accumulate
 from typing import Any
 
-__all__ = ["JSONProblem", "parse_strict_json", "parse_strict_json_numbers"]
+import msgspec
+import numpy as np
+
+__all__ = [
+    "JSONProblem",
+    "count_members",
+    "decode_fast",
+    "parse_strict_json",
+    "parse_strict_json_numbers",
+]
 
 
 class JSONProblem(Exception):
@@ -46,32 +54,115 @@ def _finite_float(text: str) -> float:
     return value
 
 
-_NOT_BRACKETS = bytes(range(256)).translate(None, b"[]{}")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_NON_INTEGER_NUMBER = re.compile(rb"[0-9][.eE]")
+
+#: Bytes outside strings by kind: digits -> "0", fraction or exponent marks -> ".", the rest " ";
+#: "0." in the result is a number with a fraction or an exponent, twenty "0" a 20-digit number.
+#: (Outside strings "e" and "E" also occur in true and false, never right after a digit.)
+_NUMBER_CLASSES = bytes(
+    ord("0") if b in b"0123456789" else ord(".") if b in b".eE" else ord(" ") for b in range(256)
+)
+#: Longer integers take the strict path: Python refuses those over 4300 digits (msgspec does not),
+#: and a 20-digit integer is already past every 64-bit range.
+_LONG_INTEGER = b"0" * 20
+_NOT_BRACKETS = bytes(range(256)).translate(None, b"[]{}")
+#: +1 for an opening bracket, -1 for a closing one: nesting depth as a running sum.
+_BRACKET_STEP = np.zeros(256, dtype=np.int8)
+_BRACKET_STEP[[ord("["), ord("{")]] = 1
+_BRACKET_STEP[[ord("]"), ord("}")]] = -1
+#: Bytes per numpy pass in :func:`_skeleton`: small temporaries, still C speed.
+_CHUNK = 1 << 20
+_QUOTE = ord('"')
 
 
 def _skeleton(data: bytes) -> bytes:
     """A valid JSON text with every string's content removed: numbers, literals, punctuation.
 
     In valid JSON a backslash occurs only inside strings, as an escape read from the left, so
-    dropping escaped backslashes and then escaped quotes leaves only delimiting quotes; the
-    even-numbered chunks between them are what lies outside strings. All at C speed.
+    dropping escaped backslashes and then escaped quotes leaves only delimiting quotes; what lies
+    outside strings is every byte with an even number of quotes before it, quotes excluded. The
+    quote parity is a running exclusive or, computed with numpy a chunk at a time (splitting the
+    text at every quote made millions of small objects: 3.7 s for a 95 MiB manifest, against
+    0.2 s).
     """
-    unescaped = data.replace(b"\\\\", b"").replace(b'\\"', b"")
-    return b"".join(unescaped.split(b'"')[0::2])
-
-
-#: +1 for an opening bracket, -1 for a closing one: nesting depth by table look-up.
-_STEP = [0] * 256
-_STEP[ord("[")] = _STEP[ord("{")] = 1
-_STEP[ord("]")] = _STEP[ord("}")] = -1
+    if b"\\" in data:
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    if not data:
+        return b""
+    text = np.frombuffer(data, dtype=np.uint8)
+    parts = []
+    inside = False  # whether the chunks before left a string open
+    for start in range(0, len(text), _CHUNK):
+        chunk = text[start : start + _CHUNK]
+        quote = chunk == _QUOTE
+        drop = np.bitwise_xor.accumulate(quote)  # from an opening quote to its string's end
+        if inside:
+            np.logical_not(drop, out=drop)
+        inside = bool(drop[-1])
+        drop |= quote
+        parts.append(chunk[~drop].tobytes())
+    return b"".join(parts)
 
 
 def _depth(skeleton: bytes) -> int:
     """Deepest nesting of a valid JSON text with its strings removed."""
-    return max(accumulate(map(_STEP.__getitem__, skeleton.translate(None, _NOT_BRACKETS))),
-               default=0)
+    brackets = skeleton.translate(None, _NOT_BRACKETS)
+    if not brackets:
+        return 0
+    steps = _BRACKET_STEP[np.frombuffer(brackets, dtype=np.uint8)]
+    return int(np.cumsum(steps, dtype=np.int64).max())
+
+
+def _has_non_integer(skeleton: bytes) -> bool:
+    """Whether a number of the text has a fraction or an exponent."""
+    return b"0." in skeleton.translate(_NUMBER_CLASSES)
+
+
+def decode_fast(data: bytes, *, max_bytes: int, max_depth: int) -> tuple[Any, int] | None:
+    """``data``'s value and how many object members its text has, or None when not sure.
+
+    Not sure means :func:`parse_strict_json` might answer otherwise: the text is too large, has
+    a byte order mark, is not UTF-8 as Python decodes it, has a surrogate escape, a number with
+    a fraction or an exponent or of 20 digits or more, nests deeper than ``max_depth``, or
+    msgspec refuses it (malformed JSON, NaN or Infinity, control characters in strings, ...).
+    Otherwise msgspec (0.05 s for a 10 MiB manifest, against 0.3 s for Python's parser with the
+    duplicate-name check) builds exactly the value the strict parser would, except for duplicate
+    names: msgspec keeps the last. Outside strings every ``:`` separates one member, so the
+    returned count equals the members of the value (see :func:`count_members`) exactly when no
+    object has a name twice; the caller compares them.
+    """
+    if len(data) > max_bytes or data.startswith(b"\xef\xbb\xbf"):
+        return None
+    if not data.isascii():
+        try:
+            data.decode("utf-8")  # the strict parser's own test: msgspec's is not the reference
+        except UnicodeDecodeError:
+            return None
+    if b"\\" in data and _SURROGATE_ESCAPE.search(data):
+        return None
+    try:
+        value = msgspec.json.decode(data)
+    except (msgspec.MsgspecError, RecursionError, ValueError):
+        return None
+    skeleton = _skeleton(data)
+    numbers = skeleton.translate(_NUMBER_CLASSES)
+    if b"0." in numbers or _LONG_INTEGER in numbers or _depth(skeleton) > max_depth:
+        return None
+    return value, skeleton.count(b":")
+
+
+def count_members(value: Any) -> int:
+    """How many members the objects in ``value`` have, at any depth."""
+    count = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            count += len(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
 
 
 def _check_string(text: str) -> None:
@@ -137,4 +228,4 @@ def parse_strict_json_numbers(data: bytes, *, max_bytes: int, max_depth: int) ->
         raise JSONProblem("too-deep", f"nesting is deeper than {max_depth}")
     if _SURROGATE_ESCAPE.search(data):
         _check_strings(value)
-    return value, _NON_INTEGER_NUMBER.search(skeleton) is not None
+    return value, _has_non_integer(skeleton)

@@ -52,3 +52,28 @@ def test_a_float_where_an_integer_belongs_is_caught_on_the_fast_path() -> None:
     data["layout"]["tp_size"] = 1.0
     assert not schema.is_valid(data)
     assert [f.code for f in schema.schema_findings(data, has_floats=True)] == ["schema"]
+
+
+def test_the_fast_path_schema_differs_only_in_piece_files() -> None:
+    """Derived from the one schema file: a piece's file is only a string, nothing else moved."""
+    original = schema.manifest_schema()
+    derived = schema._piece_files_as_strings(original)
+    assert derived is not original
+    for kind in ("global_piece", "local_piece"):
+        assert original["$defs"][kind]["properties"]["file"] == {"$ref": "#/$defs/path"}
+        assert derived["$defs"][kind]["properties"]["file"] == {"type": "string"}
+        derived["$defs"][kind]["properties"]["file"] = original["$defs"][kind]["properties"][
+            "file"]
+    assert derived == original
+
+
+def test_a_schema_of_another_shape_is_not_relaxed() -> None:
+    changed = json.loads(json.dumps(schema.manifest_schema()))
+    changed["$defs"]["local_piece"]["properties"]["file"] = {"type": "string", "minLength": 1}
+    assert schema._piece_files_as_strings(changed) is changed
+
+
+@pytest.mark.parametrize(("name", "data"), MANIFESTS, ids=[name for name, _ in MANIFESTS])
+def test_the_fast_path_schema_accepts_what_the_schema_accepts(name: str, data: Any) -> None:
+    if schema.is_valid(data) and not schema._has_float(data):
+        assert schema.is_valid_if_piece_files_listed(data)

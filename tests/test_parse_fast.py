@@ -1,0 +1,239 @@
+"""The fast path of parse_manifest: the strict path's answer, sooner, or no answer at all.
+
+Every property compares ``parse_manifest`` (fast path first) with the strict path alone on the
+same bytes: the same findings (codes, messages, paths) and the same Manifest. The manifests are
+written by the reference writer from ``shardspec.testing.strategies``, broken in the ways those
+strategies know, and mutated byte by byte and field by field as in ``test_fuzz.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import manifest_bytes
+from shardspec import Manifest, parse, parse_fast, schema
+from shardspec.parse import ParsedManifest, parse_manifest
+from shardspec.parse_fast import fast_manifest, manifest_members
+from shardspec.testing.strategies import broken_checkpoints, checkpoint_specs, mutation_kinds
+from test_fuzz import dumps, json_values, manifest_regions, mutate_bytes, mutate_doc, nodes
+
+MANIFEST = "shardspec.json"
+#: Half the profile's examples, as in test_conformance.py: each writes a checkpoint.
+PROPERTY = settings(max_examples=max(settings.default.max_examples // 2, 1), deadline=None,
+                    suppress_health_check=list(HealthCheck))
+
+
+def strict(data: bytes, ignore: tuple[str, ...] = ()) -> ParsedManifest:
+    return parse._parse_manifest(data, ignore)
+
+
+def assert_same_answer(data: bytes, ignore: tuple[str, ...] = ()) -> ParsedManifest:
+    """Both paths give the same findings and manifest; returns the strict path's answer."""
+    expected = strict(data, ignore)
+    assert parse_manifest(data, ignore_extensions=ignore) == expected
+    manifest = fast_manifest(data)
+    if manifest is not None:  # an answer is a promise: nothing but extensions to report
+        assert manifest == expected.manifest
+        assert all(f.code.startswith("extension-") for f in expected.findings), expected.findings
+    return expected
+
+
+def test_a_sound_manifest_takes_the_fast_path(manifest_dict: dict[str, Any]) -> None:
+    assert fast_manifest(manifest_bytes(manifest_dict)) == Manifest.from_dict(manifest_dict)
+
+
+def test_the_switch_forces_the_strict_path(manifest_dict: dict[str, Any],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[bytes] = []
+    monkeypatch.setattr(parse, "fast_manifest", lambda data: calls.append(data))
+    monkeypatch.setattr(parse, "_FAST_PATH", False)
+    assert parse_manifest(manifest_bytes(manifest_dict)).findings == []
+    assert calls == []
+
+
+def test_members_are_counted_like_the_generic_walk(manifest_dict: dict[str, Any]) -> None:
+    manifest_dict["quantization"] = {"method": "gptq", "config": {"bits": 4, "x": [{"y": {}}]}}
+    manifest_dict["metadata"] = {"a": "b"}
+    manifest_dict["extensions"] = {"my-ext": {"must_understand": False, "k": {"v": [{}]}}}
+    assert schema.is_valid(manifest_dict)
+    from shardspec.json_dialect import count_members
+
+    assert manifest_members(manifest_dict) == count_members(manifest_dict)
+
+
+def _objects(data: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """The JSON path of every non-empty object in ``data``."""
+    found = []
+    for path in nodes(data):
+        node = data
+        for key in path:
+            node = node[key]
+        if isinstance(node, dict) and node:
+            found.append(path)
+    return sorted(found, key=str)
+
+
+def _kind(path: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``path`` with indices as "*" and without the tensor's name."""
+    named = path[1:2] if path[:1] == ("tensors",) else ()
+    return tuple("*" if isinstance(k, int) else k for k in path if (k,) != named)
+
+
+def _with_duplicate(data: dict[str, Any], path: tuple[Any, ...], same: bool) -> bytes:
+    """``data`` as JSON with the first name of the object at ``path`` written twice."""
+    data = copy.deepcopy(data)
+    node = data
+    for key in path:
+        node = node[key]
+    name = next(iter(node))
+    marker = "\u0000duplicate\u0000"
+    node[marker] = node[name] if same else {"not": "the same"}
+    text = json.dumps(data).encode()
+    return text.replace(json.dumps(marker).encode(), json.dumps(name).encode())
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["same-value", "other-value"])
+def test_a_name_twice_in_any_object_gets_the_strict_finding(
+    manifest_dict: dict[str, Any], same: bool
+) -> None:
+    """At every level: the manifest, layout, a rank, a file, its checksums, quantization, the
+    tensors (two tensors of one name), a tensor, a piece, a logical record, metadata and
+    extensions."""
+    manifest_dict["quantization"] = {"method": "gptq", "config": {"bits": 4, "group": {"k": 1}}}
+    manifest_dict["metadata"] = {"a": "b"}
+    manifest_dict["extensions"] = {"my-ext": {"must_understand": False}}
+    manifest_dict["tensors"]["layers.0.col.weight"]["logical"] = {"dtype": "F32", "shape": [8]}
+    manifest_dict["extra_files"] = [{"path": "config.json", "size": 2,
+                                     "checksums": {"sha256": "0" * 64}}]
+    paths = _objects(manifest_dict)
+    kinds = {_kind(path) for path in paths}
+    assert kinds >= {(), ("layout",), ("ranks", "*"), ("ranks", "*", "files", "*"),
+                     ("ranks", "*", "files", "*", "checksums"), ("quantization",),
+                     ("quantization", "config", "group"), ("tensors",),
+                     ("tensors", "pieces", "*"), ("tensors", "logical"), ("metadata",),
+                     ("extensions", "my-ext"), ("extra_files", "*")}, kinds
+    for path in paths:
+        data = _with_duplicate(manifest_dict, path, same)
+        expected = assert_same_answer(data)
+        assert [f.code for f in expected.findings] == ["json-duplicate-name"], path
+        assert "appears twice in one object" in expected.findings[0].message
+        assert fast_manifest(data) is None
+
+
+def test_a_piece_file_outside_its_rank_is_never_fast(manifest_dict: dict[str, Any]) -> None:
+    """The fast schema check leaves a piece's path to the listed-file rule; both refuse."""
+    piece = manifest_dict["tensors"]["layers.0.col.weight"]["pieces"][0]
+    for path, code in [("../escape.safetensors", "schema"), ("a//b", "schema"),
+                       ("unlisted.safetensors", "file-rank"),
+                       (manifest_dict["ranks"][1]["files"][0]["path"], "file-rank")]:
+        piece["file"] = path
+        data = manifest_bytes(manifest_dict)
+        assert fast_manifest(data) is None
+        assert code in {f.code for f in assert_same_answer(data).findings}
+
+
+def test_a_newer_minor_version_takes_the_strict_path(manifest_dict: dict[str, Any]) -> None:
+    manifest_dict["format_version"] = "1.99"
+    data = manifest_bytes(manifest_dict)
+    assert fast_manifest(data) is None
+    assert [f.code for f in assert_same_answer(data).findings] == ["version-newer-minor"]
+
+
+def test_without_jsonschema_rs_the_fast_path_gives_no_answer(
+    manifest_dict: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(schema, "_listed_files_validator", lambda: None)
+    monkeypatch.setattr(parse_fast, "is_valid_if_piece_files_listed",
+                        schema.is_valid_if_piece_files_listed)
+    assert fast_manifest(manifest_bytes(manifest_dict)) is None
+
+
+@pytest.mark.parametrize(("token", "codes", "answers"), [
+    (b"4.0", [], False), (b"4e0", [], False), (b"12345678901234567890", [], False),
+    (b"1e400", ["json-nonfinite"], False), (b"NaN", ["json-nonfinite"], False),
+    (b"-0", [], True), (b"-9223372036854775808", [], True),
+])
+def test_numbers_in_a_free_form_config(manifest_dict: dict[str, Any], token: bytes,
+                                       codes: list[str], answers: bool) -> None:
+    """A float or a 20-digit integer is left to the strict path, even where it is valid."""
+    manifest_dict["quantization"] = {"method": "gptq", "config": {"damp": "@@"}}
+    data = manifest_bytes(manifest_dict).replace(b'"@@"', token)
+    assert [f.code for f in assert_same_answer(data).findings] == codes
+    assert (fast_manifest(data) is not None) == answers
+
+
+# --- properties over generated checkpoints -----------------------------------------------------
+
+
+def _written(data: st.DataObject, tmp: str) -> tuple[Any, bytes]:
+    written = data.draw(checkpoint_specs()).write(Path(tmp) / "valid")
+    return written, (written.path / MANIFEST).read_bytes()
+
+
+@PROPERTY
+@given(data=st.data())
+def test_generated_checkpoints_take_the_fast_path(data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        written, blob = _written(data, tmp)
+        expected = assert_same_answer(blob, written.ignore_extensions)
+        sound = expected.manifest is not None and all(
+            f.code.startswith("extension-") for f in expected.findings)
+        if written.spec.newer_minor:
+            assert fast_manifest(blob) is None
+        elif sound and not _has_float(expected.manifest):
+            # the fast path is not quietly the strict one (a float in a free-form value, as
+            # in a quantization config, leaves the answer to the strict path)
+            assert fast_manifest(blob) == expected.manifest
+
+
+def _has_float(manifest: Manifest | None) -> bool:
+    if manifest is None:
+        return False
+    text = json.dumps([dict(manifest.quantization.config), dict(manifest.extensions)])
+    return any(isinstance(v, float) for v in _leaves(json.loads(text)))
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [leaf for v in value.values() for leaf in _leaves(v)]
+    if isinstance(value, list):
+        return [leaf for v in value for leaf in _leaves(v)]
+    return [value]
+
+
+@PROPERTY
+@given(data=st.data())
+def test_broken_checkpoints_get_the_strict_findings(data: st.DataObject) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        kind = data.draw(st.sampled_from(mutation_kinds()))
+        written, _ = _written(data, tmp)
+        mutation = data.draw(broken_checkpoints(written, kind))
+        root = Path(tmp) / "broken"
+        shutil.copytree(written.path, root, symlinks=True)
+        mutation.apply(root)
+        if (root / MANIFEST).is_file():
+            assert_same_answer((root / MANIFEST).read_bytes(), written.ignore_extensions)
+
+
+@PROPERTY
+@given(data=st.data())
+def test_mutated_manifests_get_the_strict_findings(data: st.DataObject) -> None:
+    """Fields replaced, deleted, added, duplicated, swapped, renamed, re-typed; then bytes
+    flipped, cut, inserted, or nasty tokens spliced in."""
+    with tempfile.TemporaryDirectory() as tmp:
+        written, blob = _written(data, tmp)
+        doc = json.loads(blob)
+        if data.draw(st.booleans(), label="fields"):
+            blob = dumps(data.draw, mutate_doc(data.draw, doc, json_values))
+        if data.draw(st.booleans(), label="bytes"):
+            blob = mutate_bytes(data.draw, blob, manifest_regions(blob))
+        assert_same_answer(blob, written.ignore_extensions)

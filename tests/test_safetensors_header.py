@@ -10,12 +10,17 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from conftest import safetensors_bytes, tensor_file_bytes
-from shardspec import SafetensorsError
+from shardspec import SafetensorsError, safetensors_header
+from shardspec.dtypes import DTYPES, byte_size
 from shardspec.limits import MAX_SAFETENSORS_HEADER_BYTES
 from shardspec.safetensors_header import Header, read_header
+from test_fuzz import dumps, mutate_bytes, mutate_doc
+from test_fuzz import json_values as fuzz_values
 
 
 def parse(data: bytes) -> Header:
@@ -218,3 +223,84 @@ def test_errors_name_the_file_the_tensor_and_the_spec() -> None:
         parse(safetensors_bytes({"bad.name": entry("F32", [2], 0, 7)}, b"x" * 7))
     text = str(info.value)
     assert "'f.safetensors'" in text and "'bad.name'" in text and "SPEC 6.3" in text
+
+
+# --- the fast path: msgspec where it is sure, the same Header or the same refusal ------------
+
+
+def both_paths(data: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """(fast, strict): the Header read each way, or the refusal's (code, message)."""
+    out = []
+    for fast in (True, False):
+        monkeypatch.setattr(safetensors_header, "_FAST_PATH", fast)
+        try:
+            out.append(parse(data))
+        except SafetensorsError as exc:
+            out.append((exc.code, exc.finding.message))
+    monkeypatch.setattr(safetensors_header, "_FAST_PATH", True)
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("text", [
+    '{"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "a": {"dtype": "U8", '
+    '"shape": [1], "data_offsets": [0, 1]}}',
+    '{"a": {"dtype": "U8", "dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}',
+    '{"__metadata__": {"k": "v", "k": "v"}, "a": {"dtype": "U8", "shape": [1], '
+    '"data_offsets": [0, 1]}}',
+    '{"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1], "x": 1}, "a": 2}',
+])
+def test_a_name_twice_gets_the_strict_refusal(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    fast, strict = both_paths(safetensors_bytes(text, b"x"), monkeypatch)
+    assert fast == strict and strict[0] == "st-duplicate-key"
+
+
+def test_a_valid_header_takes_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tensor_file_bytes({"a": ("F32", [2], b"\x00" * 8), "b": ("U8", [3], b"abc")},
+                             metadata={"format": "pt"})
+    strict = safetensors_header._strict_json
+
+    def refuse(body: bytes, file: str) -> Any:
+        raise AssertionError("the strict parser ran")
+
+    monkeypatch.setattr(safetensors_header, "_strict_json", refuse)
+    fast = parse(data)
+    monkeypatch.setattr(safetensors_header, "_strict_json", strict)
+    monkeypatch.setattr(safetensors_header, "_FAST_PATH", False)
+    assert fast == parse(data)
+
+
+_SIZES = st.sampled_from([0, 1, 2, 3, 4, 8, 2**62, 2**63 - 1, 2**63, -1])
+
+
+@st.composite
+def header_files(draw: st.DrawFn) -> bytes:
+    """A valid data file, perhaps then mutated field by field or byte by byte."""
+    entries: dict[str, Any] = {}
+    position = 0
+    for name in draw(st.lists(st.sampled_from(["a", "b", "c", "é", "x\\y", 'q"']), unique=True,
+                              max_size=4)):
+        dtype = draw(st.sampled_from(["U8", "F32", "BF16", "F4", "BOOL"]))
+        shape = draw(st.lists(st.integers(0, 4), max_size=3))
+        size = byte_size(DTYPES[dtype], shape)
+        if size is None:
+            continue
+        entries[name] = {"dtype": dtype, "shape": shape, "data_offsets": [position,
+                                                                          position + size]}
+        position += size
+    if draw(st.booleans()):
+        entries["__metadata__"] = draw(st.dictionaries(st.text(max_size=3), st.text(max_size=3),
+                                                       max_size=2))
+    if draw(st.booleans()):
+        entries = mutate_doc(draw, entries, fuzz_values | _SIZES)
+    body = dumps(draw, entries, compact=draw(st.booleans()))
+    if draw(st.booleans()):
+        body = mutate_bytes(draw, body)
+    return safetensors_bytes(body, b"\x00" * position, pad=draw(st.integers(0, 3)))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(header_files())
+def test_fast_and_strict_paths_read_every_header_alike(data: bytes) -> None:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        fast, strict = both_paths(data, monkeypatch)
+    assert fast == strict

@@ -44,6 +44,39 @@ def test_replica_zero_is_omitted_and_defaults_back() -> None:
                             "replica": 0}) == piece
 
 
+def test_from_dict_builds_the_objects_the_constructors_build(manifest_dict: dict[str, Any]
+                                                            ) -> None:
+    """Pieces and tensor records are filled in without ``__init__``: nothing tells them apart."""
+    for share in (False, True):
+        manifest = Manifest.from_dict(manifest_dict, share=share)
+        for record in manifest.tensors.values():
+            if isinstance(record, TensorRecord):
+                rebuilt = TensorRecord(dtype=record.dtype, shape=record.shape,
+                                       logical=record.logical, pieces=tuple(
+                                           Piece(**vars(p)) for p in record.pieces))
+                assert rebuilt == record and vars(rebuilt) == vars(record)
+                assert [vars(p) for p in rebuilt.pieces] == [vars(p) for p in record.pieces]
+                assert list(vars(record)) == ["dtype", "shape", "pieces", "logical"]
+
+
+def test_sharing_makes_equal_shapes_one_object(manifest_dict: dict[str, Any]) -> None:
+    shared = Manifest.from_dict(manifest_dict, share=True)
+    assert shared == Manifest.from_dict(manifest_dict)
+    pieces = [p for t in shared.tensors.values() if isinstance(t, TensorRecord)
+              for p in t.pieces]
+    by_value = {p.shape: p.shape for p in pieces}
+    assert all(p.shape is by_value[p.shape] for p in pieces)
+    assert len({id(p.file) for p in pieces}) == len({p.file for p in pieces})
+
+
+def test_without_sharing_an_int_is_never_taken_for_a_bool() -> None:
+    """from_dict of unchecked data keeps each value as given ((True,) == (1,) as keys)."""
+    data = {"dtype": "U8", "rank_local": True, "pieces": [
+        {"rank": 0, "file": "a", "shape": [True]}, {"rank": 1, "file": "a", "shape": [1]}]}
+    record = TensorRecord.from_dict(data)
+    assert [type(p.shape[0]) for p in record.pieces] == [bool, int]
+
+
 def test_to_json_is_stable_byte_for_byte(manifest_dict: dict[str, Any]) -> None:
     first = Manifest.from_dict(manifest_dict).to_json()
     again = Manifest.from_dict(json.loads(first)).to_json()

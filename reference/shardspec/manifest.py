@@ -223,25 +223,34 @@ class Piece:
         return _pieces((data,))[0]
 
 
-def _pieces(records: Iterable[Mapping[str, Any]]) -> tuple[Piece, ...]:
+def _itself(key: Any, value: Any) -> Any:
+    return value
+
+
+def _pieces(records: Iterable[Mapping[str, Any]],
+            shared: dict[Any, Any] | None = None) -> tuple[Piece, ...]:
     """Pieces from their schema-valid dicts, in one loop: a manifest may hold a million.
 
-    Each is filled in directly rather than through the frozen ``__init__`` (one
-    ``object.__setattr__`` a field), which costs twice as much. Same fields, same values.
+    With ``shared`` (kept across the tensors of a manifest), equal shapes, offsets and file
+    names become one object: a million pieces name a few thousand distinct ones, and what is
+    left to allocate, to page in and for the garbage collector to walk is the pieces alone.
+    The fields are set as the frozen ``__init__`` sets them, without its call.
     """
+    one = _itself if shared is None else shared.setdefault
     new = object.__new__
+    put = object.__setattr__
     out: list[Piece] = []
     append = out.append
     for data in records:
         piece = new(Piece)
+        file = data["file"]
+        shape = tuple(data["shape"])
         offset = data.get("offset")
-        piece.__dict__.update(
-            rank=data["rank"],
-            file=data["file"],
-            shape=tuple(data["shape"]),
-            offset=None if offset is None else tuple(offset),
-            replica=data.get("replica", 0),
-        )
+        put(piece, "rank", data["rank"])
+        put(piece, "file", one(file, file))
+        put(piece, "shape", one(shape, shape))
+        put(piece, "offset", None if offset is None else one(offset := tuple(offset), offset))
+        put(piece, "replica", data.get("replica", 0))
         append(piece)
     return tuple(out)
 
@@ -278,17 +287,18 @@ class TensorRecord:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TensorRecord:
+    def from_dict(cls, data: Mapping[str, Any],
+                  shared: dict[Any, Any] | None = None) -> TensorRecord:
+        """The record of ``data``; ``shared`` as in :func:`_pieces` (for a whole manifest)."""
         logical = data.get("logical")
         shape = data.get("shape")
-        # Filled in directly, as pieces are (see _pieces): a manifest may hold 100,000 tensors.
+        # Filled in directly, as pieces are: a manifest may hold 100,000 tensors.
         record = object.__new__(cls)
-        record.__dict__.update(
-            dtype=data["dtype"],
-            shape=None if data.get("rank_local") else tuple(shape or ()),
-            pieces=_pieces(data["pieces"]),
-            logical=None if logical is None else Logical.from_dict(logical),
-        )
+        put = object.__setattr__
+        put(record, "dtype", data["dtype"])
+        put(record, "shape", None if data.get("rank_local") else tuple(shape or ()))
+        put(record, "pieces", _pieces(data["pieces"], shared))
+        put(record, "logical", None if logical is None else Logical.from_dict(logical))
         return record
 
 
@@ -348,13 +358,21 @@ class Manifest:
         return (_dump(self.to_dict(), 0) + "\n").encode("utf-8")
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
+    def from_dict(cls, data: Mapping[str, Any], *, share: bool = False) -> Manifest:
+        """The manifest of ``data``, a dict that passed the schema.
+
+        With ``share``, equal shapes, offsets and file names of pieces become one object (see
+        :func:`_pieces`): much less memory for a large manifest. Only for data the schema
+        checked with integer tokens (:mod:`shardspec.parse` does): ``(1, 2)`` and
+        ``(True, 2)`` or ``(1.0, 2)`` are equal keys.
+        """
         tensors: dict[str, TensorRecord | Alias] = {}
+        shared: dict[Any, Any] | None = {} if share else None
         for name, record in data["tensors"].items():
             if "alias_of" in record:
                 tensors[name] = Alias(alias_of=record["alias_of"])
             else:
-                tensors[name] = TensorRecord.from_dict(record)
+                tensors[name] = TensorRecord.from_dict(record, shared)
         return cls(
             format_version=data["format_version"],
             layout=Layout.from_dict(data["layout"]),

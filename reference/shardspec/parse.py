@@ -105,7 +105,7 @@ def _parse_manifest(data: bytes, ignore_extensions: Collection[str]) -> ParsedMa
     ]
     if any(f.severity == "error" for f in findings):
         return ParsedManifest(None, findings)
-    manifest = Manifest.from_dict(raw)
+    manifest = Manifest.from_dict(raw, share=True)
     findings += _extension_findings(manifest, ignore_extensions)
     findings += [
         Finding(code=f.code, message=f.message, file=f.file or MANIFEST_NAME, tensor=f.tensor,

@@ -45,7 +45,7 @@ def fast_manifest(data: bytes) -> Manifest | None:
         return None
     if manifest_members(raw) != members:  # a name twice in some object: msgspec kept the last
         return None
-    manifest = Manifest.from_dict(raw)
+    manifest = Manifest.from_dict(raw, share=True)
     return manifest if is_sound(manifest) else None
 
 

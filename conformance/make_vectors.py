@@ -739,7 +739,7 @@ def valid_vectors() -> list[Vector]:
     ck.m["load_hints"] = {"prefetch": True}
     ck.m["layout"]["numa_policy"] = "interleave"
     ck.piece("model.norm.weight", 0)["crc32c"] = "1a2b3c4d"
-    add("newer-minor-version", "4.3", "A manifest from format 1.7 with fields a 1.0 reader does "
+    add("newer-minor-version", "4.3", "A manifest from format 1.7 with fields a 1.1 reader does "
         "not know (top level, layout, piece): the reader warns version-newer-minor and "
         "unknown-field, ignores them and loads correct tensors.", ck,
         warnings=["unknown-field", "version-newer-minor"])
@@ -974,7 +974,7 @@ def invalid_vectors() -> list[Vector]:
     add("json-too-deep", "arrays-5000", "5000 nested arrays in an extension record: a parser "
         "that recurses without a bound can overflow its stack.", ck)
     add("json-too-large", "space-padded", "A valid manifest padded with spaces to "
-        "MAX_MANIFEST_BYTES + 1 (67108865) bytes at run time; readers compare the size before "
+        "MAX_MANIFEST_BYTES + 1 (268435457) bytes at run time; readers compare the size before "
         "parsing.", tp1.clone(), materialize="huge-manifest", materialize_path="shardspec.json")
 
     # 3.5 schema
@@ -998,8 +998,8 @@ def invalid_vectors() -> list[Vector]:
         "MAJOR.MINOR.", edit(tp1, lambda c: c.m.update(format_version="1.0.0")), section="4.1")
     ck = tp1.clone()
     ck.piece(NORM, 0)["dtype"] = "F32"
-    add("schema", "unknown-field-same-version", "A piece with a member 1.0 does not define "
-        "('dtype') in a 1.0 manifest: unknown fields are errors in the reader's own version "
+    add("schema", "unknown-field-same-version", "A piece with a member 1.1 does not define "
+        "('dtype') in a 1.1 manifest: unknown fields are errors in the reader's own version "
         "(compare valid-newer-minor-version).", ck, section="4.3")
     ck = tp1.clone()
     ck.rename_file(F0, "../" + F0)
@@ -1030,7 +1030,7 @@ def invalid_vectors() -> list[Vector]:
     ck = tp1.clone()
     ck.m["format_version"] = "2.0"
     ck.m["tensor_groups"] = [{"name": "all"}]
-    add("version-major", "2.0", "A checkpoint 'from the future' (format 2.0, with a member 1.0 "
+    add("version-major", "2.0", "A checkpoint 'from the future' (format 2.0, with a member 1.1 "
         "does not know): a 1.x reader must refuse it with version-major, not load it.", ck)
     add("version-major", "0.9", "A pre-release format 0.9 manifest.",
         edit(tp1, lambda c: c.m.update(format_version="0.9")))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Create at run time the special files a vector cannot keep in git (SPEC 2.2, 2.3, 3.4).
 
-Git cannot store a FIFO, and a symbolic link that points outside the repository (or a 64 MiB
+Git cannot store a FIFO, and a symbolic link that points outside the repository (or a 256 MiB
 manifest) does not belong in it. A vector that needs one says so in ``vector.json``::
 
     "materialize": "<kind>", "materialize_path": "<path inside the checkpoint>"
@@ -37,8 +37,8 @@ __all__ = ["KINDS", "MAX_MANIFEST_BYTES", "materialize"]
 
 KINDS = ("fifo", "symlink-outside", "symlink-dir-escape", "symlink-dangling", "huge-manifest")
 
-#: SPEC 3.4 / 12.
-MAX_MANIFEST_BYTES = 67108864
+#: SPEC 3.4 / 12 (format 1.1; 67108864 in 1.0).
+MAX_MANIFEST_BYTES = 268435456
 
 _CHUNK = 1 << 20
 

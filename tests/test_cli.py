@@ -34,7 +34,7 @@ def fold(text: str) -> str:
 
 def test_version() -> None:
     code, out, _ = run("--version")
-    assert code == 0 and f"shardspec {shardspec.__version__}" in out and "format 1.0" in out
+    assert code == 0 and f"shardspec {shardspec.__version__}" in out and "format 1.1" in out
 
 
 def test_validate_valid(tiny: Tiny) -> None:
@@ -112,7 +112,7 @@ def test_inspect_json(tiny: Tiny) -> None:
     code, out, _ = run("inspect", str(tiny.path), "--json")
     assert code == 0
     info = json.loads(out)
-    assert info["layout"]["tp_size"] == 2 and info["format_version"] == "1.0"
+    assert info["layout"]["tp_size"] == 2 and info["format_version"] == shardspec.format_version()
     assert info["tensors"] == {"total": 8, "global": 5, "rank_local": 2, "aliases": 1}
     assert [r["files"] for r in info["ranks"]] == [
         ["model-rank-0-part-0.safetensors"], ["model-rank-1-part-0.safetensors"]]

@@ -98,7 +98,7 @@ def test_corpus_size_and_coverage() -> None:
 @pytest.fixture
 def checkpoint_of(tmp_path: Path) -> Iterator[Callable[[Path], Path]]:
     """The checkpoint to test for a vector, materialized where it says so (and removed after:
-    one vector materializes a 64 MiB manifest)."""
+    one vector materializes a 256 MiB manifest)."""
     dest = tmp_path / "materialized"
     yield lambda directory: materialize(directory, dest)
     shutil.rmtree(dest, ignore_errors=True)

@@ -57,6 +57,7 @@ import shardspec
 from conftest import make_tiny
 from shardspec.cli import app
 from shardspec.dtypes import DTYPES, element_count
+from shardspec.limits import SUPPORTED_MINOR
 from shardspec.validate import _HASH_WORKERS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -523,7 +524,8 @@ def data_bytes_mutation(draw: Draw, files: Files, base: Base) -> None:
 def manifest_field_mutation(draw: Draw, files: Files, base: Base) -> None:
     doc = json.loads(files[MANIFEST])  # valid JSON: only data-file mutations ran before
     if draw(st.integers(0, 3), label="newer minor") == 0:
-        doc["format_version"] = "1.1"  # the schema's other path: unknown fields are warnings
+        # the schema's other path, a newer minor version: unknown fields are warnings
+        doc["format_version"] = f"1.{SUPPORTED_MINOR + 1}"
     files[MANIFEST] = dumps(draw, mutate_doc(draw, doc, json_values))
 
 

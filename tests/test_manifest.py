@@ -14,8 +14,8 @@ from shardspec import Layout, Manifest
 from shardspec.manifest import RANK_ORDERS, Alias, Piece, TensorRecord, format_version
 
 
-def test_format_version_is_1_0() -> None:
-    assert format_version() == "1.0"
+def test_format_version_is_1_1() -> None:
+    assert format_version() == "1.1"
 
 
 def test_from_dict_to_dict_round_trip(manifest_dict: dict[str, Any]) -> None:

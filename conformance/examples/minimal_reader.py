@@ -40,7 +40,7 @@ __all__ = ["ReadError", "Tensor", "load_rank", "main", "read", "to_numpy", "writ
 # --- 12. Limits ------------------------------------------------------------------------------
 
 MANIFEST_NAME = "shardspec.json"
-MAX_MANIFEST_BYTES = 67108864
+MAX_MANIFEST_BYTES = 268435456  # 256 MiB since format 1.1 (64 MiB in 1.0)
 MAX_JSON_DEPTH = 64
 MAX_SAFETENSORS_HEADER_BYTES = 100000000
 MAX_DIMS = 64
@@ -49,7 +49,7 @@ MAX_PATH_BYTES = 1024
 MAX_WORLD_SIZE = 65536
 MAX_SIZE = 2**63 - 1
 #: 4.1: the version this reader implements.
-SUPPORTED_MAJOR, SUPPORTED_MINOR = 1, 0
+SUPPORTED_MAJOR, SUPPORTED_MINOR = 1, 1
 
 # --- 13. Error codes: the section of each error this reader can report ----------------------
 

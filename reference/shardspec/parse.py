@@ -30,7 +30,7 @@ from .schema import schema_findings
 
 __all__ = ["KNOWN_EXTENSIONS", "ParsedManifest", "parse_manifest", "read_manifest"]
 
-#: SPEC 4.4: extensions this implementation understands (none yet in format 1.0).
+#: SPEC 4.4: extensions this implementation understands (none yet in format 1.1).
 KNOWN_EXTENSIONS: frozenset[str] = frozenset()
 
 _VERSION = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$")

@@ -5,7 +5,7 @@
   names, split, replicated, single-holder and rank-local tensors, aliases, several parts per
   rank, files in subdirectories, extra files, quantization records and logical dtypes,
   metadata, extensions a reader may ignore (and a must-understand one its user allows
-  ignoring), and sometimes a newer minor version with fields a 1.0 reader must ignore.
+  ignoring), and sometimes a newer minor version with fields today's reader must ignore.
   :meth:`CheckpointSpec.write` writes it with :func:`shardspec.save` and returns what each rank
   must load. :func:`checkpoints` does both for a directory factory.
 - :func:`broken_checkpoints` derives from a written checkpoint one broken in one way, with the
@@ -43,8 +43,16 @@ import torch
 from hypothesis import strategies as st
 
 from ..dtypes import DTYPES, from_torch
-from ..limits import MANIFEST_NAME
-from ..manifest import RANK_ORDERS, Alias, Layout, Logical, Manifest, Quantization
+from ..limits import MANIFEST_NAME, SUPPORTED_MINOR
+from ..manifest import (
+    RANK_ORDERS,
+    Alias,
+    Layout,
+    Logical,
+    Manifest,
+    Quantization,
+    format_version,
+)
 from ..writer import Shard, save
 from .adapter import RankTensors, tensor_bytes
 
@@ -223,7 +231,8 @@ class CheckpointSpec:
     extensions: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Must-understand extensions the user allows ignoring (SPEC 4.4 rule 3).
     ignored: tuple[str, ...] = ()
-    #: A newer minor version (0: "1.0") and the unknown fields it adds: (where, name, value).
+    #: A minor version newer than the writer's (0: the writer's own, ``format_version()``) and
+    #: the unknown fields it adds: (where, name, value).
     newer_minor: int = 0
     unknown_fields: list[tuple[str, str, Any]] = field(default_factory=list)
     max_file_size: int = 1 << 30
@@ -288,7 +297,8 @@ class CheckpointSpec:
             "logical": sorted(self.logical),
             "extensions": {k: bool(v.get("must_understand")) for k, v in self.extensions.items()},
             "ignored_by_user": list(self.ignored),
-            "format_version": f"1.{self.newer_minor}",
+            "format_version": f"1.{self.newer_minor}" if self.newer_minor
+            else format_version(),
             "unknown_fields": [f"{where}.{name}" for where, name, _ in self.unknown_fields],
             "max_file_size": self.max_file_size,
             "subdirectory": self.subdirectory,
@@ -297,7 +307,8 @@ class CheckpointSpec:
 
     def save(self, path: Path) -> Manifest:
         """Write the checkpoint with the reference writer alone (:func:`shardspec.save`): F6
-        tensors stay uint8 placeholders, no subdirectory, format 1.0. Returns its manifest."""
+        tensors stay uint8 placeholders, no subdirectory, the writer's format version. Returns
+        its manifest."""
         with tempfile.TemporaryDirectory() as sources:
             extra = {}
             for name, data in self.extra_files.items():
@@ -424,7 +435,8 @@ def _move_into(root: Path, data: dict[str, Any], directory: str) -> None:
 
 def _newer_minor(root: Path, data: dict[str, Any], minor: int,
                  fields: list[tuple[str, str, Any]]) -> None:
-    """Rewrite the manifest as format 1.<minor> with fields a 1.0 reader must ignore (4.3)."""
+    """Rewrite the manifest as format 1.<minor> with fields the writer's version does not know,
+    which a reader of that version must ignore (4.3)."""
     data = copy.deepcopy(data)
     data["format_version"] = f"1.{minor}"
     for where, name, value in fields:
@@ -574,7 +586,7 @@ def checkpoint_specs(draw: st.DrawFn, max_world: int = 4, max_tensors: int = 6
         spec.extensions[name] = {"must_understand": True, "note": "safe to ignore"}
         spec.ignored = (name,)
     if draw(st.integers(0, 3)) == 0:
-        spec.newer_minor = draw(st.integers(1, 999999))
+        spec.newer_minor = draw(st.integers(SUPPORTED_MINOR + 1, 999999))
         spec.unknown_fields = [
             (where, "x_" + draw(st.from_regex(r"[a-z_]{1,10}", fullmatch=True)), value)
             for where, value in draw(st.lists(st.tuples(st.sampled_from(_UNKNOWN_PLACES),
@@ -803,8 +815,8 @@ def _schema_variants(ctx: _Context) -> dict[str, Callable[[Path], None]]:
     }
     if not any(True for _ in _file_records(ctx.m)):
         del variants["a checksum is upper-case hex"]
-    if ctx.m["format_version"] == "1.0":
-        variants["an unknown top-level member in a 1.0 manifest"] = setter(
+    if ctx.m["format_version"] == format_version():  # not a newer minor: unknown is an error
+        variants[f"an unknown top-level member in a {format_version()} manifest"] = setter(
             "load_hints", value={"prefetch": True})
     if ctx.tensors():
         name = ctx.tensors()[0]

@@ -7,9 +7,9 @@ evicted before every timed load) and from a warm one:
 
 * ``baseline``       - the whole-checkpoint loader: ``safetensors.torch.load_file`` of the whole
   file, then this rank's slice of every tensor copied contiguous to the device;
-* ``shardspec``      - ``shardspec.open(path).load_rank(rank, device)``: copies into fresh memory
-  (huge-page advised on CPU, pinned staging on CUDA); ``open()``'s share is recorded too;
-* ``shardspec-4k``   - the same with huge pages off (``host_memory.USE_HUGE_PAGES = False``);
+* ``shardspec``      - ``shardspec.open(path).load_rank(rank, device)``: copies into one fresh
+  buffer per file (pinned staging on CUDA); ``open()``'s share is recorded too;
+* ``shardspec-thp``  - the same with huge pages on (``host_memory.USE_HUGE_PAGES = True``);
 * ``shardspec-mmap`` - ``open`` + ``load_rank(mmap=True)``: copy-on-write file mappings (cpu);
 * ``st-mmap``        - ``safetensors.torch.load_file`` of the rank's own file(s): lazy mappings,
   what vLLM's sharded-state loader gets;
@@ -76,7 +76,7 @@ GB = 1e9  # rates are decimal GB/s
 PAGE = 4096
 CHUNK = 64 * MiB
 
-CPU_METHODS = ("baseline", "shardspec", "shardspec-4k", "shardspec-mmap", "st-mmap", "st-pread",
+CPU_METHODS = ("baseline", "shardspec", "shardspec-thp", "shardspec-mmap", "st-mmap", "st-pread",
                "read-fresh", "read-reused")
 CPU_LAZY = ("shardspec-mmap-lazy", "st-lazy")
 CUDA_METHODS = ("baseline", "shardspec", "st-cuda", "read-reused", "pinned-h2d", "read-then-h2d")
@@ -230,12 +230,13 @@ def load_shardspec(
     return checkpoint.load_rank(rank, device, **kwargs)
 
 
-def load_shardspec_4k(path: Path, rank: int, device: torch.device) -> dict[str, torch.Tensor]:
-    shardspec.host_memory.USE_HUGE_PAGES = False
+def load_shardspec_thp(path: Path, rank: int, device: torch.device) -> dict[str, torch.Tensor]:
+    saved = shardspec.host_memory.USE_HUGE_PAGES
+    shardspec.host_memory.USE_HUGE_PAGES = True
     try:
         return load_shardspec(path, rank, device)
     finally:
-        shardspec.host_memory.USE_HUGE_PAGES = True
+        shardspec.host_memory.USE_HUGE_PAGES = saved
 
 
 def load_st(files: list[Path], device: str = "cpu", backend: str = "mmap"
@@ -277,7 +278,7 @@ def contenders(
         loads: dict[str, Callable[[], Any]] = {
             "baseline": lambda: load_baseline(baseline_file, dims, tp, rank, device),
             "shardspec": lambda: load_shardspec(ckpt, rank, device, open_times),
-            "shardspec-4k": lambda: load_shardspec_4k(ckpt, rank, device),
+            "shardspec-thp": lambda: load_shardspec_thp(ckpt, rank, device),
             "shardspec-mmap": lambda: load_shardspec(ckpt, rank, device, mmap=True),
             "st-mmap": lambda: load_st(files),
             "st-pread": lambda: load_st(files, backend="pread"),
@@ -698,7 +699,7 @@ def report(
         print(f"\n#### One rank's load, {state} cache, {device} (median seconds)\n")
         if cpu:
             cols = ["TP", "rank reads", "baseline reads", "baseline s", "shardspec s",
-                    "of which open s", "shardspec-4k s", "shardspec-mmap s", "st-mmap s",
+                    "of which open s", "shardspec-thp s", "shardspec-mmap s", "st-mmap s",
                     "st-pread s", "raw s", "read-reused s", "speedup"]
         else:
             cols = ["TP", "rank reads", "baseline reads", "baseline s", "shardspec s",

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import shardspec
+import shardspec.host_memory
 import shardspec.reader
 from conftest import Tiny, assert_same_tensor, raw_bytes, sha256_file, write_handmade
 from fake_engine import FakeEngine
@@ -26,8 +27,11 @@ def _load(tiny: Tiny, rank: int, mode: str) -> dict[str, torch.Tensor]:
     return checkpoint.load_rank(rank, "cpu", verify=True, mmap=mode == "mmap")
 
 
-@pytest.mark.parametrize("mode", ["copy", "mmap", "staged"])
-def test_every_mode_returns_the_same_tensors_bit_exact(tiny: Tiny, mode: str) -> None:
+@pytest.mark.parametrize("mode", ["copy", "copy-huge-pages", "mmap", "staged"])
+def test_every_mode_returns_the_same_tensors_bit_exact(
+    tiny: Tiny, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shardspec.host_memory, "USE_HUGE_PAGES", mode == "copy-huge-pages")
     for rank in range(2):
         loaded = _load(tiny, rank, mode)
         assert set(loaded) == set(tiny.expected[rank])
@@ -96,8 +100,12 @@ def test_copy_mode_tensors_do_not_see_later_changes_to_the_file(tiny: Tiny) -> N
     assert_same_tensor(loaded["layers.0.col.weight"], tiny.expected[0]["layers.0.col.weight"])
 
 
+@pytest.mark.parametrize("huge_pages", [False, True])
 @pytest.mark.parametrize("nbytes", [0, 1, 4097, HUGE_PAGE_BYTES, 3 * HUGE_PAGE_BYTES + 5])
-def test_fresh_buffer_is_writable_memory_of_the_exact_size(nbytes: int) -> None:
+def test_fresh_buffer_is_writable_memory_of_the_exact_size(
+    nbytes: int, huge_pages: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(shardspec.host_memory, "USE_HUGE_PAGES", huge_pages)
     buffer = fresh_buffer(nbytes)
     assert buffer.dtype == torch.uint8 and buffer.shape == (nbytes,)
     pattern = torch.arange(nbytes, dtype=torch.int64).remainder_(251).to(torch.uint8)
@@ -119,7 +127,10 @@ def _thp_mode() -> str | None:
 
 @pytest.mark.skipif(_thp_mode() not in ("madvise", "always"),
                     reason="needs Linux transparent huge pages in madvise or always mode")
-def test_large_fresh_buffers_are_eligible_for_huge_pages() -> None:
+def test_large_fresh_buffers_are_eligible_for_huge_pages_when_enabled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(shardspec.host_memory, "USE_HUGE_PAGES", True)
     buffer = fresh_buffer(8 * HUGE_PAGE_BYTES)
     start = buffer.data_ptr()
     smaps = Path("/proc/self/smaps").read_text().splitlines()

@@ -1,13 +1,16 @@
-"""Host memory for a rank's bytes: fresh buffers that fault in cheaply, and file mappings.
+"""Host memory for a rank's bytes: fresh buffers, optionally huge-page backed, and file mappings.
 
 A loader that copies into new memory pays for first touch: with 4 KiB pages the kernel takes a
-fault and zeroes a page for every 4 KiB written. On the benchmark's VM that made reading a
-148 MB file into ``torch.empty`` memory 4x slower than reading it into memory already touched
-(62 ms against 14 ms, page cache warm). One anonymous mapping per file, advised for
-transparent huge pages, takes one fault per 2 MiB instead and runs at the reused-memory rate.
+fault and zeroes a page for every 4 KiB written. Transparent huge pages take one fault per
+2 MiB instead, and on the benchmark's VM that made reading a 148 MB file into fresh memory 4x
+faster in one session (14 ms against 62 ms, page cache warm) -- and 4x to 5x *slower* in
+another (a TP=8 rank 330 ms against 84 ms; TP=1 cold 4.9 s against 0.84 s), where the VM's
+freed memory had been handed back to its host and every fresh 2 MiB block had to be faulted
+in from there. So huge pages are opt-in (:data:`USE_HUGE_PAGES`): measure on the machine
+that serves (``benchmarks/bench_load.py`` reports both).
 
-Tensors made here keep their mapping alive (``torch.frombuffer`` holds a reference); the
-memory is returned when the last view is gone. They are not resizable.
+Tensors made here keep their memory alive (``torch.frombuffer`` holds a reference to the
+mapping); it is returned when the last view is gone. They are not resizable.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ __all__ = ["HUGE_PAGE_BYTES", "USE_HUGE_PAGES", "fresh_buffer", "map_file"]
 #: Below this, a buffer is ordinary allocator memory: huge pages cannot help a smaller one.
 HUGE_PAGE_BYTES = 2 * 1024 * 1024
 
-#: Advise fresh buffers for transparent huge pages. Where THP's ``defrag`` setting makes the
-#: kernel compact memory on fault, a fragmented machine can stall a fault for milliseconds
-#: (seen as rare outliers on the benchmark VM); set False to get torch.empty's 4 KiB pages.
-USE_HUGE_PAGES = True
+#: Advise fresh buffers of HUGE_PAGE_BYTES or more for transparent huge pages (Linux, THP in
+#: ``madvise`` or ``always`` mode). Off by default: whether it pays depends on the machine
+#: (see the module docstring); False gives torch.empty's memory.
+USE_HUGE_PAGES = False
 
 # Absent on Windows (and MADV_HUGEPAGE on other non-Linux systems): then plain memory is used.
 _PRIVATE_ANONYMOUS = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
@@ -34,7 +37,7 @@ _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
 def fresh_buffer(nbytes: int) -> torch.Tensor:
-    """``nbytes`` of new, writable host memory as a uint8 tensor, advised for huge pages."""
+    """``nbytes`` of new, writable host memory as a uint8 tensor (huge pages if enabled)."""
     if nbytes < HUGE_PAGE_BYTES or not USE_HUGE_PAGES or not hasattr(mmap, "MAP_ANONYMOUS"):
         return torch.empty(nbytes, dtype=torch.uint8)
     try:

@@ -18,6 +18,7 @@ from conftest import (
     raw_bytes,
     refresh_record,
     rewrite_manifest,
+    sha256_file,
     write_handmade,
 )
 from shardspec.errors import ShardspecError
@@ -274,3 +275,8 @@ def test_errors_after_manifest_edits_raise_their_family(tiny: Tiny) -> None:
         shardspec.open(tiny.path)
     assert info.value.code == "coverage-gap"
     assert "'layers.0.col.weight'" in str(info.value) and "SPEC 7.3" in str(info.value)
+
+
+def test_open_records_the_sha256_of_the_manifest_bytes_it_read(tiny: Tiny) -> None:
+    checkpoint = shardspec.open(tiny.path)
+    assert checkpoint.manifest_sha256 == sha256_file(tiny.path / "shardspec.json")

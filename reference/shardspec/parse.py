@@ -7,9 +7,10 @@ is not sure, the strict path here decides and explains.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .checks import check_manifest
@@ -42,6 +43,9 @@ class ParsedManifest:
 
     manifest: Manifest | None
     findings: list[Finding] = field(default_factory=list)
+    #: SHA-256 of the manifest bytes parsed, when they were read from a file: which manifest
+    #: this is, without serializing it again (processes compare it, SPEC 10.1 does not).
+    sha256: str | None = None
 
     @property
     def errors(self) -> list[Finding]:
@@ -155,4 +159,5 @@ def read_manifest(root: Path, *, ignore_extensions: Collection[str] = ()) -> Par
                 message=f"{size} bytes is over the limit of {MAX_MANIFEST_BYTES}")])
         # read(n) allocates n bytes up front: size it by the file's real size, not the limit.
         data = handle.read(size + 1)
-    return parse_manifest(data, ignore_extensions=ignore_extensions)
+    parsed = parse_manifest(data, ignore_extensions=ignore_extensions)
+    return replace(parsed, sha256=hashlib.sha256(data).hexdigest())

@@ -22,11 +22,17 @@ __all__ = ["Checkpoint", "load_rank", "open_checkpoint"]
 class Checkpoint:
     """A committed, checked checkpoint on disk. Opening reads only the manifest."""
 
-    def __init__(self, path: Path, manifest: Manifest, warnings: list[Finding]) -> None:
+    def __init__(
+        self, path: Path, manifest: Manifest, warnings: list[Finding],
+        manifest_sha256: str | None = None,
+    ) -> None:
         self.path = path
         self.manifest = manifest
         #: Findings that did not stop the reader: newer minor version, ignored extensions.
         self.warnings = warnings
+        #: SHA-256 of the manifest's bytes as read: ranks compare it to know they opened the
+        #: same checkpoint.
+        self.manifest_sha256 = manifest_sha256
 
     def __repr__(self) -> str:
         layout = self.layout
@@ -124,7 +130,7 @@ def open_checkpoint(
     parsed = read_manifest(root, ignore_extensions=ignore_extensions)
     warnings = raise_first_error(parsed.findings)
     assert parsed.manifest is not None, "no errors means the manifest was built"
-    return Checkpoint(root, parsed.manifest, warnings)
+    return Checkpoint(root, parsed.manifest, warnings, parsed.sha256)
 
 
 def load_rank(

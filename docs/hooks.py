@@ -351,8 +351,9 @@ def _seconds(cell: str) -> float:
 
 def benchmark_summary() -> str:
     heading, rows = benchmark_table()
-    out = ["| TP | one rank reads | whole-file baseline | shardspec load | raw read of the "
-           "rank's bytes | speedup |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out = ["| TP | one rank reads | whole-file baseline | shardspec load | plain read of the "
+           "rank's bytes into fresh memory | speedup |",
+           "| ---: | ---: | ---: | ---: | ---: | ---: |"]
     for row in rows:
         reads = row.get("rank reads", "")
         whole = row.get("baseline reads", "")
@@ -364,7 +365,8 @@ def benchmark_summary() -> str:
         out += ["", f"At TP={last['TP']}, the rank read {last['rank reads']} instead of "
                 f"{last['baseline reads']}. Its load took {last['shardspec s']} s, of which "
                 f"{last['of which open s']} s in `open()` (reading and checking the manifest), "
-                f"against {last['raw s']} s for a raw read of the same bytes and "
+                f"against {last['raw s']} s for a plain read of the same bytes into fresh memory "
+                f"and "
                 f"{last['baseline s']} s for the baseline."]
     out += ["", f"*Median seconds of one rank's cold-cache load, from the table "
             f"“{heading}” of the [benchmarks](benchmarks.md), where the machine, the method and "
@@ -379,7 +381,7 @@ def benchmark_chart() -> str:
               ("shardspec s", "shardspec load_rank", "#3f51b5")]
     if rows and "without open: s" in rows[0]:
         series.append(("without open: s", "shardspec, open() subtracted", "#9fa8da"))
-    series.append(("raw s", "raw read of the rank's bytes", "#ff7043"))
+    series.append(("raw s", "plain read into fresh memory", "#ff7043"))
     top = max(_seconds(row[key]) for row in rows for key, _, _ in series) or 1.0
     width, left, right, bar, gap, group_gap = 760, 150, 70, 14, 3, 22
     group = len(series) * (bar + gap) + group_gap

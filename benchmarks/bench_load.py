@@ -601,13 +601,8 @@ def run(args: argparse.Namespace, device: torch.device, workdir: Path) -> int:
                 for fn in fns.values():
                     timed(fn, device)  # fill the page cache; first-use costs out of the clock
             open_times.clear()
-            times: dict[str, list[float]] = {m: [] for m in methods}
-            for repeat in range(args.repeats):
-                shift = repeat % len(methods)
-                for method in methods[shift:] + methods[:shift]:
-                    if state == "cold":
-                        cache.evict(all_files)
-                    times[method].append(timed(fns[method], device))
+            times = rotate(methods, args.repeats, lambda m, fns=fns: timed(fns[m], device),
+                           (lambda: cache.evict(all_files)) if state == "cold" else None)
             med = {m: statistics.median(v) for m, v in times.items()}
             row = {"tp": tp, "rank": rank, "cache": state, "rank_bytes": nbytes,
                    "baseline_bytes": baseline_file.stat().st_size, "times_s": times,
@@ -642,6 +637,22 @@ def run(args: argparse.Namespace, device: torch.device, workdir: Path) -> int:
     return 0
 
 
+def rotate(
+    methods: tuple[str, ...], repeats: int, measure: Callable[[str], float],
+    before_each: Callable[[], None] | None,
+) -> dict[str, list[float]]:
+    """``repeats`` rounds over ``methods`` in a rotating order, so drift and noise fall on all
+    alike; ``before_each`` (the cold-cache eviction) runs before every measurement."""
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    for repeat in range(repeats):
+        shift = repeat % len(methods)
+        for method in methods[shift:] + methods[:shift]:
+            if before_each is not None:
+                before_each()
+            times[method].append(measure(method))
+    return times
+
+
 def run_processes(
     args: argparse.Namespace, device: torch.device, workdir: Path, dims: dict[str, int | None],
     cache: PageCache, all_files: list[Path],
@@ -657,13 +668,8 @@ def run_processes(
             if state == "warm":
                 for method in methods:
                     ranks.run(method)
-            times: dict[str, list[float]] = {m: [] for m in methods}
-            for repeat in range(args.repeats):
-                shift = repeat % len(methods)
-                for method in methods[shift:] + methods[:shift]:
-                    if state == "cold":
-                        cache.evict(all_files)
-                    times[method].append(ranks.run(method))
+            times = rotate(methods, args.repeats, ranks.run,
+                           (lambda: cache.evict(all_files)) if state == "cold" else None)
             med = {m: statistics.median(v) for m, v in times.items()}
             rows.append({"tp": tp, "cache": state, "times_s": times, "median_s": med,
                          "bytes": sum(p.stat().st_size for p in ckpt.glob("*.safetensors"))})

@@ -30,6 +30,7 @@ LIMITS_IN_PROSE = {"MANIFEST_NAME", "SUPPORTED_MAJOR", "SUPPORTED_MINOR", "DEFAU
 SECTION_MAP = {
     "1": "Introduction", "1.1": "Conventions", "1.2": "Terms",
     "2": "Checkpoint directory", "2.1": "Contents", "2.2": "Paths", "2.3": "Commit marker",
+    "2.4": "Object storage",
     "3": "Manifest encoding", "3.1": "The manifest object", "3.2": "Encoding and syntax",
     "3.3": "I-JSON restrictions", "3.4": "Size and depth limits", "3.5": "The JSON Schema",
     "4": "Versioning", "4.1": "format_version", "4.2": "Reader rules", "4.3": "Unknown fields",
@@ -43,8 +44,9 @@ SECTION_MAP = {
     "8": "Quantization", "8.1": "The record", "8.2": "Logical dtype and shape",
     "8.3": "Reader rules",
     "9": "Integrity", "9.1": "Sizes", "9.2": "Checksums",
+    "9.3": "Objects that change while read",
     "10": "Writing", "10.1": "Commit protocol", "10.2": "Rewriting a directory",
-    "10.3": "Writer duties",
+    "10.3": "Writer duties", "10.4": "Writing to object storage",
     "11": "Reading", "11.1": "Reader procedure", "11.2": "Device placement",
     "11.3": "Resharding",
     "12": "Limits", "13": "Error codes", "14": "Changelog",

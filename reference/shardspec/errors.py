@@ -8,6 +8,7 @@ Exception hierarchy::
     ShardspecError
     ├── NotCommittedError      2.3  no manifest: not a committed checkpoint
     ├── PathError              2.x  unsafe, escaping, missing or non-regular paths
+    ├── StorageError           2.4  object storage refused, failed or is not installed
     ├── ManifestSyntaxError    3.x  the manifest's JSON dialect
     ├── SchemaError            3.5  the manifest does not match the JSON Schema
     ├── VersionError           4.2  an unknown major version
@@ -40,6 +41,7 @@ __all__ = [
     "SafetensorsError",
     "SchemaError",
     "Severity",
+    "StorageError",
     "ShardspecError",
     "TensorRecordError",
     "VersionError",
@@ -124,6 +126,10 @@ class PathError(ShardspecError):
     """A path is unsafe, escapes the checkpoint, is missing or is not a regular file (SPEC 2)."""
 
 
+class StorageError(ShardspecError):
+    """Object storage refused a request, kept failing, or has no client installed (SPEC 2.4)."""
+
+
 class ManifestSyntaxError(ShardspecError):
     """The manifest breaks the JSON dialect: encoding, syntax, duplicates, limits (SPEC 3)."""
 
@@ -188,6 +194,9 @@ CODES: dict[str, Code] = {
     "path-unsafe": _e(PathError, "2.2", "a path is absolute, has '..' or is otherwise not allowed"),
     "path-escapes": _e(PathError, "2.2", "a path resolves outside the checkpoint directory"),
     "file-not-regular": _e(PathError, "2.2", "a path is not a regular file"),
+    "storage-denied": _e(StorageError, "2.4", "the store refused the credentials or permission"),
+    "storage-failed": _e(StorageError, "2.4", "an object store request failed after retries"),
+    "storage-unavailable": _e(StorageError, "2.4", "no client for the URL's storage protocol"),
     "json-encoding": _e(ManifestSyntaxError, "3.2", "the manifest is not UTF-8 without BOM"),
     "json-syntax": _e(ManifestSyntaxError, "3.2", "the manifest is not valid JSON"),
     "json-duplicate-name": _e(ManifestSyntaxError, "3.3", "an object has a name twice"),
@@ -226,6 +235,7 @@ CODES: dict[str, Code] = {
     "quantization-mismatch": _e(QuantizationError, "8.3", "another quantization was expected"),
     "file-size": _e(IntegrityError, "9.1", "a file's size differs from the manifest"),
     "checksum-mismatch": _e(IntegrityError, "9.2", "a file's digest differs from the manifest"),
+    "object-changed": _e(IntegrityError, "9.3", "an object changed while it was read"),
     "rank-out-of-range": _e(RequestError, "11.1", "the requested rank is not in the layout"),
     "device-invalid": _e(RequestError, "11.2", "the requested device is not usable"),
     "world-size-mismatch": _e(RequestError, "11.1", "the process group's size differs from the "

@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	@echo "installing $(TORCH) into $(VENV)"
 	$(PIP) install '$(TORCH)'
-	@echo "installing shardspec (editable) with test and docs extras"
-	$(PIP) install -e '.[test,docs]'
+	@echo "installing shardspec (editable) with test, docs and s3 extras"
+	$(PIP) install -e '.[test,docs,s3]'
 	@touch $(STAMP)
 
 demo: venv

@@ -24,6 +24,7 @@ PUBLIC = [
     "SchemaError",
     "Shard",
     "ShardspecError",
+    "StorageError",
     "TensorRecordError",
     "VersionError",
     "__version__",

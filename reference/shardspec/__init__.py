@@ -26,6 +26,7 @@ from .errors import (
     SafetensorsError,
     SchemaError,
     ShardspecError,
+    StorageError,
     TensorRecordError,
     VersionError,
 )
@@ -82,6 +83,7 @@ __all__ = [
     "SchemaError",
     "Shard",
     "ShardspecError",
+    "StorageError",
     "TensorRecordError",
     "VersionError",
     "__version__",

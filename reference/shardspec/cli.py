@@ -1,7 +1,12 @@
 """The ``shardspec`` command line: validate, inspect, files, schema.
 
-Exit status: 0 success (valid), 1 the checkpoint is invalid, 2 the command could not run.
-No Python traceback reaches the user; set SHARDSPEC_DEBUG=1 to see one.
+Exit status: 0 success (valid), 1 the checkpoint is invalid, 2 the command could not run
+(including object storage that refused or kept failing). No Python traceback reaches the user;
+set SHARDSPEC_DEBUG=1 to see one.
+
+A checkpoint argument is a directory or an object-storage URL (``s3://bucket/prefix``, any
+fsspec protocol); ``--storage-options`` (or SHARDSPEC_STORAGE_OPTIONS) gives the filesystem's
+options as JSON, and fsspec's own FSSPEC_<PROTOCOL> settings apply too.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from rich.text import Text
 from . import __version__
 from .errors import Finding, ShardspecError, raise_first_error
 from .limits import MANIFEST_NAME
+from .location import Location, locate
 from .manifest import Alias, Manifest, TensorRecord, format_version
 from .parse import read_manifest
+from .remote import is_remote
 from .schema import schema_bytes
 from .validate import Report, validate
 
@@ -48,7 +55,9 @@ err = Console(stderr=True, highlight=False)
 
 EXIT_OK, EXIT_INVALID, EXIT_CANNOT_RUN = 0, 1, 2
 
-PathArg = Annotated[Path, typer.Argument(help="The checkpoint directory.", show_default=False)]
+PathArg = Annotated[str, typer.Argument(
+    help="The checkpoint directory, or its object-storage URL (s3://bucket/prefix, ...).",
+    show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print a JSON object instead of text.")]
 
 
@@ -57,22 +66,45 @@ def _cannot_run(message: str) -> NoReturn:
     raise typer.Exit(EXIT_CANNOT_RUN)
 
 
-def _require_directory(path: Path) -> None:
-    if not path.exists():
-        _cannot_run(f"{path}: no such file or directory")
-    if not path.is_dir():
-        _cannot_run(f"{path}: not a directory")
+#: fsspec options for checkpoint URLs, from --storage-options (set by the app's callback).
+_storage_options: dict[str, Any] = {}
 
 
-def _open(path: Path, ignore_extensions: list[str] | None = None) -> Any:
+def storage_options_for(path: str) -> dict[str, Any] | None:
+    """The --storage-options for ``path`` when it is a URL (a local path takes none)."""
+    return dict(_storage_options) if is_remote(path) else None
+
+
+def location(path: str) -> Location:
+    """``path`` as a checkpoint location: a directory that exists, or a storage prefix."""
+    if not is_remote(path):
+        local = Path(path)
+        if not local.exists():
+            _cannot_run(f"{path}: no such file or directory")
+        if not local.is_dir():
+            _cannot_run(f"{path}: not a directory")
+    try:
+        return locate(path, storage_options_for(path))
+    except ShardspecError as exc:
+        _print_finding(exc.finding)
+        raise typer.Exit(EXIT_CANNOT_RUN) from None
+
+
+def exit_code(findings: list[Finding]) -> int:
+    """1 for a checkpoint found invalid; 2 when storage kept it from being checked."""
+    if any(f.severity == "error" and f.code.startswith("storage-") for f in findings):
+        return EXIT_CANNOT_RUN
+    return EXIT_INVALID if any(f.severity == "error" for f in findings) else EXIT_OK
+
+
+def _open(path: str, ignore_extensions: list[str] | None = None) -> Any:
     """The checked manifest (as the reader checks it), or exit 1 with its first error."""
-    _require_directory(path)
-    parsed = read_manifest(path, ignore_extensions=ignore_extensions or ())
+    parsed = read_manifest(location(path), ignore_extensions=ignore_extensions or ())
     try:
         raise_first_error(parsed.findings)
     except ShardspecError as exc:
         _print_finding(exc.finding)
-        raise typer.Exit(EXIT_INVALID) from None
+        raise typer.Exit(exit_code([exc.finding])) from None
     return parsed
 
 
@@ -82,12 +114,31 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+def _parse_storage_options(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        options = json.loads(text)
+    except ValueError as exc:
+        _cannot_run(f"--storage-options is not JSON: {exc}")
+    if not isinstance(options, dict):
+        _cannot_run("--storage-options must be a JSON object (fsspec filesystem options)")
+    return options
+
+
 @app.callback()
 def _root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="Print the version and exit.")] = False,
+    storage_options: Annotated[str | None, typer.Option(
+        "--storage-options", envvar="SHARDSPEC_STORAGE_OPTIONS", show_default=False,
+        help="fsspec filesystem options for checkpoint URLs, as a JSON object, e.g. "
+        '\'{"anon": true}\' or \'{"client_kwargs": {"endpoint_url": "http://host:9000"}}\'.')
+    ] = None,
 ) -> None:
     """Pre-sharded model checkpoints: validate, inspect and list what each rank needs."""
+    _storage_options.clear()
+    _storage_options.update(_parse_storage_options(storage_options))
 
 
 def _print_finding(finding: Finding) -> None:
@@ -117,24 +168,24 @@ def validate_command(
     as_json: JsonOpt = False,
 ) -> None:
     """Check a checkpoint: manifest, schema, layout, coverage, every data file; report all."""
-    _require_directory(path)
+    root = location(path)
     if rank is not None:
-        manifest = read_manifest(path).manifest
+        manifest = read_manifest(root).manifest
         if manifest is not None and rank >= manifest.world_size:
             _cannot_run(f"--rank {rank} is not in 0..{manifest.world_size - 1}")
     if checksums and not as_json and err.is_terminal:
-        report = _validate_with_progress(path, rank, ignore_extension or [])
+        report = _validate_with_progress(root, rank, ignore_extension or [])
     else:
-        report = validate(path, checksums=checksums, rank=rank,
+        report = validate(root, checksums=checksums, rank=rank,
                           ignore_extensions=ignore_extension or ())
     if as_json:
         out.print_json(json.dumps(report.to_dict()))
     else:
         _print_report(report, checksums)
-    raise typer.Exit(EXIT_OK if report.ok else EXIT_INVALID)
+    raise typer.Exit(exit_code(report.findings))
 
 
-def _validate_with_progress(path: Path, rank: int | None, ignore: list[str]) -> Report:
+def _validate_with_progress(path: Location, rank: int | None, ignore: list[str]) -> Report:
     parsed = read_manifest(path).manifest
     total = 0
     if parsed is not None:

@@ -24,7 +24,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from .cli import _cannot_run, _human, _print_finding, app, err, out
+from .cli import _cannot_run, _human, _print_finding, app, err, exit_code, out, storage_options_for
 from .errors import ShardspecError
 from .hf import HFError
 from .limits import DEFAULT_MAX_FILE_SIZE
@@ -70,7 +70,7 @@ def _errors() -> Iterator[None]:
         yield
     except ShardspecError as exc:
         _print_finding(exc.finding)
-        raise typer.Exit(1) from None
+        raise typer.Exit(exit_code([exc.finding])) from None
     except (PlanError, HFError, FileExistsError, NotADirectoryError, ValueError, OSError) as exc:
         _cannot_run(str(exc))
 
@@ -97,8 +97,9 @@ class _Names(str, Enum):
 def convert_command(
     src: Annotated[Path, typer.Argument(help="The Hugging Face checkpoint directory.",
                                         show_default=False)],
-    dst: Annotated[Path, typer.Argument(help="The shardspec checkpoint to write.",
-                                        show_default=False)],
+    dst: Annotated[str, typer.Argument(
+        help="The shardspec checkpoint to write: a directory or a storage URL (s3://...).",
+        show_default=False)],
     tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size.")],
     pp: Annotated[int, typer.Option("--pp", min=1, help="Pipeline-parallel size.")] = 1,
     plan: Annotated[Path | None, typer.Option(
@@ -132,7 +133,7 @@ def convert_command(
             manifest = convert(src, dst, tp_size=tp, pp_size=pp, plan=tp_plan,
                                stages=_load_stages(stages), allow_uneven=allow_uneven,
                                max_file_size=cap, overwrite=overwrite, progress=progress,
-                               names=names.value)
+                               names=names.value, storage_options=storage_options_for(dst))
     size = sum(f.size for r in manifest.ranks for f in r.files)
     out.print(f"[bold green]converted[/] {src} -> {dst}: tp={tp} pp={pp}, "
               f"{len(manifest.tensors)} tensors, {manifest.world_size} ranks, "

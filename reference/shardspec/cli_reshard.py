@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.progress import (
@@ -21,7 +21,6 @@ from rich.progress import (
 )
 
 from .cli import (
-    EXIT_INVALID,
     PathArg,
     _cannot_run,
     _human,
@@ -29,10 +28,13 @@ from .cli import (
     _print_finding,
     app,
     err,
+    exit_code,
     out,
+    storage_options_for,
 )
 from .errors import ShardspecError
 from .manifest import Layout, Manifest
+from .remote import is_remote
 
 __all__ = ["reshard_command"]
 
@@ -40,8 +42,9 @@ __all__ = ["reshard_command"]
 @app.command("reshard")
 def reshard_command(
     source: PathArg,
-    destination: Annotated[Path, typer.Argument(help="Where to write the resharded checkpoint.",
-                                                show_default=False)],
+    destination: Annotated[str, typer.Argument(
+        help="Where to write the resharded checkpoint: a directory or a storage URL.",
+        show_default=False)],
     tp: Annotated[int, typer.Option("--tp", help="The new tp_size.", min=1, max=65536,
                                     show_default=False)],
     pp: Annotated[int | None, typer.Option(
@@ -65,8 +68,12 @@ def reshard_command(
     old: Manifest = _open(source, ignore_extension).manifest
     layout = Layout(tp_size=tp, pp_size=pp or old.layout.pp_size, ep_size=old.layout.ep_size,
                     rank_order=old.layout.rank_order)
-    if destination.exists() and os.path.realpath(destination) == os.path.realpath(source):
+    if (source == destination if is_remote(source) or is_remote(destination) else
+            Path(destination).exists()
+            and os.path.realpath(destination) == os.path.realpath(source)):
         _cannot_run("DESTINATION is the source checkpoint: write the new layout elsewhere")
+    options: dict[str, Any] = {"storage_options": storage_options_for(source),
+                               "destination_options": storage_options_for(destination)}
     try:
         if err.is_terminal:
             with Progress("[progress.description]{task.description}", BarColumn(),
@@ -76,13 +83,14 @@ def reshard_command(
                 manifest = reshard(
                     source, destination, layout, overwrite=overwrite, verify=verify,
                     ignore_extensions=tuple(ignore_extension or ()),
-                    progress=lambda done, total: bar.update(task, completed=done, total=total))
+                    progress=lambda done, total: bar.update(task, completed=done, total=total),
+                    **options)
         else:
             manifest = reshard(source, destination, layout, overwrite=overwrite, verify=verify,
-                               ignore_extensions=tuple(ignore_extension or ()))
+                               ignore_extensions=tuple(ignore_extension or ()), **options)
     except ShardspecError as exc:
         _print_finding(exc.finding)
-        raise typer.Exit(EXIT_INVALID) from None
+        raise typer.Exit(exit_code([exc.finding])) from None
     except FileExistsError:
         _cannot_run(f"{destination} is not empty; pass --overwrite to replace the checkpoint "
                     "in it")

@@ -35,7 +35,7 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def write_durably(final: Path, write: Callable[[Path], None]) -> None:
+def write_durably(final: Path, write: Callable[[Path], object]) -> None:
     """Run ``write(temp_path)``, sync the result and rename it to ``final`` (SPEC 10.1).
 
     The directory itself is synced by the caller, once for a batch of files.

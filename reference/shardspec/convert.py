@@ -75,6 +75,7 @@ from .hf import (
 )
 from .integrity import digest_stream
 from .limits import DEFAULT_MAX_FILE_SIZE, MANIFEST_NAME
+from .location import Location, PathOrURL, locate
 from .manifest import (
     Alias,
     FileRecord,
@@ -88,6 +89,7 @@ from .manifest import (
 )
 from .paths import resolve_inside
 from .reader import open_checkpoint
+from .remote import RemoteRoot
 from .schema import schema_findings
 from .stages import assign_stages
 from .tp_plan import PlanError, TPPlan, match_pattern, resolve_plan, split_dim, split_sizes
@@ -97,8 +99,10 @@ from .writer import (
     Shard,
     TensorInfo,
     claim_directory,
+    commit_checkpoint,
     copy_extra_files,
     finish_manifest,
+    place_file,
     plan_checkpoint,
     prepare_directory,
 )
@@ -387,7 +391,7 @@ def _rank_infos(layout: Layout, splits: Mapping[str, _Split | _Fused], tied: str
 
 def convert(
     src: str | os.PathLike[str],
-    dst: str | os.PathLike[str],
+    dst: PathOrURL,
     *,
     tp_size: int,
     pp_size: int = 1,
@@ -399,8 +403,10 @@ def convert(
     metadata: Mapping[str, str] | None = None,
     progress: Progress | None = None,
     names: str = "hf",
+    storage_options: dict[str, Any] | None = None,
 ) -> Manifest:
-    """Convert the Hugging Face checkpoint directory ``src`` to a shardspec checkpoint ``dst``.
+    """Convert the Hugging Face checkpoint directory ``src`` to a shardspec checkpoint ``dst``
+    (a directory, or an object-storage URL with ``storage_options`` for its filesystem).
 
     ``plan`` maps name patterns to styles (default: the config's ``base_model_tp_plan`` with
     the common extras, else the built-in plan of Llama-, Mistral- and Qwen2-shaped models; see
@@ -426,15 +432,15 @@ def convert(
                         f"pp={pp_size}): vLLM's sharded-state loader reads tensor-parallel "
                         "checkpoints only")
     source = HFSource(src)
-    root = Path(dst)
-    if root.resolve() == source.root.resolve():
+    root = locate(dst, storage_options)
+    if isinstance(root, Path) and root.resolve() == source.root.resolve():
         raise ValueError("the destination must be another directory than the source")
     layout = Layout(tp_size=tp_size, pp_size=pp_size)
     plain, tied = _plan_splits(source, layout, plan, stages, allow_uneven)
     splits: dict[str, _Split | _Fused] = dict(plain)
     if names == "vllm":
         splits = _fuse_for_vllm(plain, source.config, tp_size)
-    extras = hf_extra_files(source.root, exclude=root)
+    extras = hf_extra_files(source.root, exclude=root if isinstance(root, Path) else None)
     info = {"converted_from": "huggingface"}
     draft = plan_checkpoint(
         layout, _rank_infos(layout, splits, tied), quantization=_quantization(source.config),
@@ -450,13 +456,23 @@ def convert(
         tp_rank = layout.coordinates(rank)["tp_rank"]
         for path, in_file in _names_by_file(draft, rank).items():
             outs = [_piece_out(name, splits[name], tp_rank, draft) for name in in_file]
-            size, sha = write_safetensors(root / path, outs, metadata={"format": "pt"},
-                                          progress=advance)
-            records[path] = FileRecord(path=path, size=size, checksums={"sha256": sha})
+            records[path] = _write_part(root, path, outs, advance)
     records.update({f.path: f for f in copy_extra_files(root, extras)})
     manifest = finish_manifest(draft, records)
-    commit_manifest(root, manifest.to_json())
+    commit_checkpoint(root, manifest.to_json())
     return manifest
+
+
+def _write_part(root: Location, path: str, outs: list[OutTensor],
+                advance: Callable[[int], None] | None) -> FileRecord:
+    """One data file, streamed from its pieces; hashed as written when it is a local one."""
+    def write(target: Path) -> tuple[int, str]:
+        return write_safetensors(target, outs, metadata={"format": "pt"}, progress=advance)
+
+    if isinstance(root, RemoteRoot):
+        return place_file(root, path, write)
+    size, sha = write(root / path)
+    return FileRecord(path=path, size=size, checksums={"sha256": sha})
 
 
 def _names_by_file(draft: Manifest, rank: int) -> dict[str, list[str]]:

@@ -30,16 +30,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .commit import commit_manifest
 from .devices import DeviceLike, resolve_device
 from .errors import Finding, QuantizationError, RequestError, ShardspecError
 from .limits import DEFAULT_MAX_FILE_SIZE
+from .location import PathOrURL, locate
 from .manifest import FileRecord, Layout, Logical, Manifest, Quantization
 from .reader import Checkpoint, open_checkpoint
 from .reshard_plan import Resharder
 from .writer import (
     RankInfo,
     Shard,
+    commit_checkpoint,
     copy_extra_files,
     describe_rank,
     extra_sources,
@@ -193,7 +194,7 @@ def _attempt(fn: Any, *args: Any, **kwargs: Any) -> tuple[bool, Any, BaseExcepti
 
 def save(
     state_dict: StateDict,
-    path: str | os.PathLike[str],
+    path: PathOrURL,
     *,
     layout: Layout,
     sharding: Mapping[str, Shard] | None = None,
@@ -206,6 +207,7 @@ def save(
     metadata: Mapping[str, str] | None = None,
     extensions: Mapping[str, Mapping[str, Any]] | None = None,
     timeout: timedelta = DEFAULT_TIMEOUT,
+    storage_options: dict[str, Any] | None = None,
 ) -> Manifest:
     """Save this rank's ``state_dict`` into the checkpoint at ``path``; call on every rank.
 
@@ -217,7 +219,8 @@ def save(
     writes the manifest last, after every rank has written its files. Returns the manifest on
     every rank.
 
-    ``path`` must name one directory that every rank sees, on a shared filesystem. (Where each
+    ``path`` must name one directory that every rank sees, on a shared filesystem, or one
+    object-storage prefix (a URL; ``storage_options`` for its fsspec filesystem). (Where each
     node has its own disk, each node's files land in its own ``path``, and only rank 0's node
     gets the manifest; copying the files together yields the checkpoint.)
 
@@ -228,7 +231,7 @@ def save(
     after at most ``timeout``. The layout's world size must equal the group's size.
     """
     rank, size = _group_position(group)
-    root = Path(path)
+    root = locate(path, storage_options)
     channel = _Channel(_meta_group(group, timeout), size, f"distributed save to '{root}'",
                        timeout, DistributedSaveError,
                        "no manifest was written (the checkpoint is not committed)")
@@ -271,7 +274,8 @@ def save(
 
     # 4. every rank writes its data files
     def write() -> list[FileRecord]:
-        root.mkdir(parents=True, exist_ok=True)  # a node-local disk may not have it yet
+        if isinstance(root, Path):
+            root.mkdir(parents=True, exist_ok=True)  # a node-local disk may not have it yet
         return write_rank(root, rank, state_dict, draft)
 
     written: list[list[FileRecord]] = channel.step("writing data files", *_attempt(write))
@@ -281,7 +285,7 @@ def save(
         records = {f.path: f for files in written for f in files}
         records.update({f.path: f for f in copy_extra_files(root, extras)})
         manifest = finish_manifest(draft, records)
-        commit_manifest(root, manifest.to_json())
+        commit_checkpoint(root, manifest.to_json())
         return manifest
 
     # Rank 0's manifest travels to every rank with its status (metadata only).
@@ -295,7 +299,7 @@ def save(
 
 
 def load(
-    path: str | os.PathLike[str],
+    path: PathOrURL,
     *,
     device: DeviceLike = None,
     group: dist.ProcessGroup | None = None,
@@ -305,6 +309,7 @@ def load(
     timeout: timedelta = DEFAULT_TIMEOUT,
     layout: Layout | None = None,
     mmap: bool = False,
+    storage_options: dict[str, Any] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Load this rank's tensors from the checkpoint at ``path``; call on every rank.
 
@@ -312,7 +317,8 @@ def load(
     ``device`` (None: ``cuda:<LOCAL_RANK>`` where CUDA is available, else ``cpu``). ``path`` may
     differ between ranks, e.g. a node-local copy holding only the files
     ``shardspec files PATH --rank R`` lists for that node's ranks; every rank must see the same
-    manifest.
+    manifest. ``path`` may be an object-storage URL (``storage_options`` for its filesystem):
+    each rank then fetches only its own objects' bytes.
 
     Where the group's size differs from the checkpoint's world size, each rank reshards on load
     (SPEC 11.3, partial reads): to ``layout`` when given, else to the checkpoint's layout with
@@ -333,7 +339,8 @@ def load(
                        timeout, DistributedLoadError, "no rank returned tensors")
 
     def open_() -> tuple[torch.device, Checkpoint]:
-        return resolve_device(device), open_checkpoint(path, ignore_extensions=ignore_extensions)
+        return resolve_device(device), open_checkpoint(
+            path, ignore_extensions=ignore_extensions, storage_options=storage_options)
 
     ok, opened, local = _attempt(open_)
     summary = None

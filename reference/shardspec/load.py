@@ -6,7 +6,9 @@ Each data file's data region becomes one buffer and its tensors are views of it:
   advised for huge pages so first touch costs one fault per 2 MiB (:mod:`shardspec.host_memory`);
 - ``cpu`` with ``mmap``: the file mapped copy-on-write, read by the kernel only where touched;
 - ``cuda``: reads through a bounded ring of pinned staging buffers, each chunk's host-to-device
-  copy overlapping the next reads (:mod:`shardspec.staging`); no full-size host copy.
+  copy overlapping the next reads (:mod:`shardspec.staging`); no full-size host copy;
+- a checkpoint in object storage: ranged requests into one host buffer per file, moved to the
+  device whole (:mod:`shardspec.remote_load`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from .host_memory import fresh_buffer, map_file
 from .integrity import Readable
 from .paths import open_inside
 from .plan import FilePlan, RankPlan
+from .remote import RemoteRoot
+from .remote_load import read_remote_files
 from .safetensors_header import Entry, read_header
 from .staging import CopyEngine, CudaCopyEngine, staged_read
 
@@ -40,7 +44,7 @@ STAGING_READERS = 1
 
 
 def execute_plan(
-    root: Path,
+    root: Path | RemoteRoot,
     plan: RankPlan,
     device: torch.device,
     *,
@@ -53,11 +57,17 @@ def execute_plan(
     ``mmap`` (cpu only) maps the files instead of reading them. ``engine`` overrides the copy
     engine of a non-cpu device (tests drive the staging logic through it on a CPU-only machine).
     """
-    if engine is None and device.type == "cuda":
-        engine = CudaCopyEngine(device)
     tensors: dict[str, torch.Tensor] = {}
-    for file_plan in plan.files:
-        tensors.update(_load_file(root, file_plan, device, engine, verify, mmap))
+    if isinstance(root, RemoteRoot):
+        for _, header, data in read_remote_files(root, plan.files, verify):
+            data = data if device.type == "cpu" else data.to(device)
+            tensors.update({name: _view(data, entry, device)
+                            for name, entry in header.entries.items()})
+    else:
+        if engine is None and device.type == "cuda":
+            engine = CudaCopyEngine(device)
+        for file_plan in plan.files:
+            tensors.update(_load_file(root, file_plan, device, engine, verify, mmap))
     for alias, target in plan.aliases.items():
         tensors[alias] = tensors[target]
     return tensors

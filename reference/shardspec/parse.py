@@ -27,6 +27,7 @@ from .limits import (
 from .manifest import Manifest
 from .parse_fast import fast_manifest
 from .paths import open_inside
+from .remote import RemoteRoot
 from .schema import schema_findings
 
 __all__ = ["KNOWN_EXTENSIONS", "ParsedManifest", "parse_manifest", "read_manifest"]
@@ -139,12 +140,21 @@ def _extension_findings(manifest: Manifest, ignore_extensions: Collection[str]) 
     return findings
 
 
-def read_manifest(root: Path, *, ignore_extensions: Collection[str] = ()) -> ParsedManifest:
-    """Read ``root/shardspec.json`` safely and parse it (SPEC 2.3: no manifest, no checkpoint)."""
-    from .errors import PathError
+def read_manifest(
+    root: Path | RemoteRoot, *, ignore_extensions: Collection[str] = ()
+) -> ParsedManifest:
+    """Read ``root/shardspec.json`` safely and parse it (SPEC 2.3: no manifest, no checkpoint).
+
+    ``root`` is a local directory or a prefix in object storage, whose manifest is fetched with
+    one request (SPEC 2.4).
+    """
+    from .errors import PathError, ShardspecError
 
     try:
-        handle, size = open_inside(root, MANIFEST_NAME)
+        if isinstance(root, RemoteRoot):
+            size = root.version(MANIFEST_NAME).size
+        else:
+            handle, size = open_inside(root, MANIFEST_NAME)
     except PathError as exc:
         if exc.code != "file-missing":
             return ParsedManifest(None, [exc.finding])
@@ -152,12 +162,22 @@ def read_manifest(root: Path, *, ignore_extensions: Collection[str] = ()) -> Par
             code="not-committed", file=str(root),
             message="not a committed shardspec checkpoint: there is no shardspec.json",
             hint="an interrupted write leaves no manifest; write the checkpoint again")])
-    with handle:
-        if size > MAX_MANIFEST_BYTES:
-            return ParsedManifest(None, [Finding(
-                code="json-too-large", file=MANIFEST_NAME,
-                message=f"{size} bytes is over the limit of {MAX_MANIFEST_BYTES}")])
-        # read(n) allocates n bytes up front: size it by the file's real size, not the limit.
-        data = handle.read(size + 1)
+    except ShardspecError as exc:
+        return ParsedManifest(None, [exc.finding])
+    if size > MAX_MANIFEST_BYTES:
+        if not isinstance(root, RemoteRoot):
+            handle.close()
+        return ParsedManifest(None, [Finding(
+            code="json-too-large", file=MANIFEST_NAME,
+            message=f"{size} bytes is over the limit of {MAX_MANIFEST_BYTES}")])
+    if isinstance(root, RemoteRoot):
+        try:
+            data = root.read(MANIFEST_NAME, 0, size)
+        except ShardspecError as exc:
+            return ParsedManifest(None, [exc.finding])
+    else:
+        with handle:
+            # read(n) allocates n bytes up front: size it by the file's real size, not the limit.
+            data = handle.read(size + 1)
     parsed = parse_manifest(data, ignore_extensions=ignore_extensions)
     return replace(parsed, sha256=hashlib.sha256(data).hexdigest())

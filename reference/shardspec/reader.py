@@ -2,28 +2,32 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from .devices import DeviceLike, resolve_device
 from .errors import Finding, QuantizationError, RequestError, raise_first_error
 from .load import execute_plan
+from .location import Location, PathOrURL, locate
 from .manifest import Layout, Manifest
 from .parse import read_manifest
 from .plan import RankPlan, plan_rank
+from .remote import RemoteRoot
 from .reshard_load import load_resharded
 
 __all__ = ["Checkpoint", "load_rank", "open_checkpoint"]
 
 
 class Checkpoint:
-    """A committed, checked checkpoint on disk. Opening reads only the manifest."""
+    """A committed, checked checkpoint, on disk or in object storage. Opening reads only the
+    manifest. ``path`` is the directory (a :class:`~pathlib.Path`) or the storage prefix (a
+    :class:`~shardspec.remote.RemoteRoot`, whose ``str`` is its URL)."""
 
     def __init__(
-        self, path: Path, manifest: Manifest, warnings: list[Finding],
+        self, path: Location, manifest: Manifest, warnings: list[Finding],
         manifest_sha256: str | None = None,
     ) -> None:
         self.path = path
@@ -59,9 +63,16 @@ class Checkpoint:
         self._check_rank(rank)
         return plan_rank(self.manifest, rank)
 
-    def rank_files(self, rank: int) -> list[Path]:
-        """The data files ``rank`` reads, as paths under the checkpoint directory."""
-        return [self.path / f.record.path for f in self.plan(rank).files]
+    @property
+    def is_remote(self) -> bool:
+        return isinstance(self.path, RemoteRoot)
+
+    def rank_files(self, rank: int) -> list[Path] | list[str]:
+        """The data files ``rank`` reads: paths under the checkpoint directory, or URLs."""
+        files = [f.record.path for f in self.plan(rank).files]
+        if isinstance(self.path, RemoteRoot):
+            return [self.path.url_of(name) for name in files]
+        return [self.path / name for name in files]
 
     def load_rank(
         self,
@@ -93,6 +104,10 @@ class Checkpoint:
         mapping; copy what must outlive the files.
         """
         target = resolve_device(device)
+        if mmap and isinstance(self.path, RemoteRoot):
+            raise RequestError(Finding(
+                code="device-invalid",
+                message=f"mmap=True maps local files; {self.path.url} is in object storage"))
         if mmap and target.type != "cpu":
             raise RequestError(Finding(
                 code="device-invalid",
@@ -119,14 +134,17 @@ class Checkpoint:
 
 
 def open_checkpoint(
-    path: str | os.PathLike[str], *, ignore_extensions: Collection[str] = ()
+    path: PathOrURL, *, ignore_extensions: Collection[str] = (),
+    storage_options: dict[str, Any] | None = None,
 ) -> Checkpoint:
     """Open and check the checkpoint at ``path`` (its manifest; data files are read on load).
 
-    ``ignore_extensions`` names must-understand extensions the caller knows are safe to ignore.
-    Raises a :class:`shardspec.ShardspecError` subclass naming the rule that failed.
+    ``path`` is a directory or an object-storage URL (``s3://bucket/prefix``, any fsspec
+    protocol), ``storage_options`` the fsspec filesystem's options for a URL (credentials, an
+    endpoint). ``ignore_extensions`` names must-understand extensions the caller knows are safe
+    to ignore. Raises a :class:`shardspec.ShardspecError` subclass naming the rule that failed.
     """
-    root = Path(path)
+    root = locate(path, storage_options)
     parsed = read_manifest(root, ignore_extensions=ignore_extensions)
     warnings = raise_first_error(parsed.findings)
     assert parsed.manifest is not None, "no errors means the manifest was built"
@@ -134,7 +152,7 @@ def open_checkpoint(
 
 
 def load_rank(
-    path: str | os.PathLike[str],
+    path: PathOrURL,
     rank: int,
     device: DeviceLike = None,
     *,
@@ -143,9 +161,11 @@ def load_rank(
     ignore_extensions: Collection[str] = (),
     layout: Layout | None = None,
     mmap: bool = False,
+    storage_options: dict[str, Any] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Shortcut: ``open(path).load_rank(rank, device, ...)``."""
-    checkpoint = open_checkpoint(path, ignore_extensions=ignore_extensions)
+    checkpoint = open_checkpoint(path, ignore_extensions=ignore_extensions,
+                                 storage_options=storage_options)
     return checkpoint.load_rank(
         rank, device, verify=verify, expect_quantization=expect_quantization, layout=layout,
         mmap=mmap,

@@ -2,7 +2,9 @@
 
 Only the byte ranges of the source pieces that overlap a target piece are read, with
 ``os.preadv`` at their file offsets; runs less than :data:`COALESCE_GAP` apart are read as one,
-and reads that follow each other in a file are gathered into one call.
+and reads that follow each other in a file are gathered into one call. From object storage
+(SPEC 2.4) the same runs become ranged requests, several in flight, and gaps are fetched only
+while the bytes asked stay within :data:`REMOTE_GAP_BUDGET` of the bytes wanted.
 A run that is contiguous both in its source entry and in its target piece (a column-parallel
 slice, a replicated tensor) is read straight into the target's memory; others (a row-parallel
 slice) are read into a scratch buffer and copied with one strided copy. Every source file is
@@ -17,30 +19,35 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import tempfile
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from numpy.lib.stride_tricks import as_strided
 
-from .commit import commit_manifest
 from .dtypes import DTYPES, torch_layout
 from .errors import Finding, IntegrityError, ShardspecError, error_for
 from .host_memory import fresh_buffer
-from .integrity import digest_stream
+from .integrity import Readable, digest_stream
+from .location import Location, PathOrURL, locate
 from .manifest import FileRecord, Layout, Manifest, TensorRecord
 from .paths import open_inside, resolve_inside
 from .plan import FilePlan, plan_ranks
 from .reads import pread_into
+from .remote import REQUEST_BYTES, RemoteRoot, is_remote
+from .remote_files import RemoteReader, read_remote_header, remote_version
 from .reshard_plan import Resharder, ReshardPlan, SourcePiece, TargetPiece
 from .safetensors_header import Header, read_header
 from .writer import (
     RankInfo,
     Shard,
     TensorInfo,
+    commit_checkpoint,
     copy_extra_files,
     finish_manifest,
     plan_checkpoint,
@@ -51,6 +58,7 @@ from .writer import (
 __all__ = [
     "COALESCE_GAP",
     "READ_THREADS",
+    "REMOTE_GAP_BUDGET",
     "ReadStats",
     "execute_reshard",
     "load_resharded",
@@ -61,6 +69,10 @@ __all__ = [
 #: Runs of wanted bytes at most this far apart in a file are read with one read call: reading a
 #: gap this small costs less than another request to the storage.
 COALESCE_GAP = 1 << 20
+
+#: From object storage, the gaps between wanted runs that are fetched anyway (one request
+#: instead of two) add up to at most this fraction of the wanted bytes.
+REMOTE_GAP_BUDGET = 0.1
 
 #: Source files read at the same time.
 READ_THREADS = 4
@@ -95,7 +107,7 @@ class ReadStats:
 
 
 def load_resharded(
-    root: Path,
+    root: Path | RemoteRoot,
     manifest: Manifest,
     rank: int,
     layout: Layout,
@@ -117,7 +129,7 @@ def load_resharded(
 
 
 def execute_reshard(
-    root: Path,
+    root: Path | RemoteRoot,
     manifest: Manifest,
     plan: ReshardPlan,
     device: torch.device,
@@ -217,7 +229,7 @@ class _Scratch:
 
 
 def _read_file(
-    root: Path,
+    root: Path | RemoteRoot,
     plan: FilePlan,
     jobs: list[tuple[str, TargetPiece, SourcePiece]],
     out: dict[str, torch.Tensor],
@@ -225,6 +237,9 @@ def _read_file(
     stats: ReadStats,
     verify: bool,
 ) -> None:
+    if isinstance(root, RemoteRoot):
+        _read_remote_file(root, plan, jobs, out, stats, verify)
+        return
     record = plan.record
     handle, size = open_inside(root, record.path)
     with handle:
@@ -238,18 +253,50 @@ def _read_file(
         plan.check_header(header)
         if verify:
             handle.seek(0)
-            digests, count = digest_stream(handle)
-            stats.verify_bytes += count
-            if digests["sha256"] != record.checksums["sha256"]:
-                raise IntegrityError(Finding(
-                    code="checksum-mismatch", file=record.path,
-                    message="the file's sha256 differs from the manifest's: it is corrupt or "
-                    "was changed"))
+            _verify(handle, record, stats)
         reads = _Reads(handle.fileno(), stats, record.path)
         jobs = sorted(jobs, key=lambda job: header.entries[job[0]].begin)
         for name, target, source in jobs:
             _read_box(reads, header, name, target, source, out[name], scratch)
         reads.flush()
+
+
+def _read_remote_file(
+    root: RemoteRoot,
+    plan: FilePlan,
+    jobs: list[tuple[str, TargetPiece, SourcePiece]],
+    out: dict[str, torch.Tensor],
+    stats: ReadStats,
+    verify: bool,
+) -> None:
+    """:func:`_read_file` of an object: the same checks, then every box's runs as ranged
+    requests, and the object's version compared once they are in (SPEC 9.3)."""
+    record = plan.record
+    stats.files_opened.append(record.path)
+    before = remote_version(root, record.path, record.size)
+    header, prefix = read_remote_header(root, record.path, record.size)
+    stats.header_bytes += len(prefix)
+    plan.check_header(header)
+    if verify:
+        _verify(RemoteReader(root, record.path, record.size), record, stats)
+    reads = _RemoteReads(root, stats, record.path)
+    for name, target, source in sorted(jobs, key=lambda job: header.entries[job[0]].begin):
+        # Boxes read through a scratch buffer are copied after every request is in: each box
+        # gets a scratch buffer of its own.
+        _read_box(reads, header, name, target, source, out[name], _Scratch())
+    reads.flush()
+    root.check_unchanged(record.path, before)
+
+
+def _verify(readable: Readable, record: FileRecord, stats: ReadStats) -> None:
+    """Hash everything left in ``readable`` (a whole file): 9.2 digests cover whole files."""
+    digests, count = digest_stream(readable)
+    stats.verify_bytes += count
+    if digests["sha256"] != record.checksums["sha256"]:
+        raise IntegrityError(Finding(
+            code="checksum-mismatch", file=record.path,
+            message="the file's sha256 differs from the manifest's: it is corrupt or was "
+            "changed"))
 
 
 def _unsupported(name: str, message: str) -> ShardspecError:
@@ -300,7 +347,7 @@ def _extent(box: list[int], strides: list[int], start: int) -> int:
 
 
 def _read_box(
-    reads: _Reads,
+    reads: _Reads | _RemoteReads,
     header: Header,
     name: str,
     target: TargetPiece,
@@ -324,7 +371,7 @@ def _read_box(
     level = 0
     for d in range(len(box) - 1):
         gap = src_strides[d] - _extent(box, src_strides, d + 1) if box[d] > 1 else 0
-        if gap > COALESCE_GAP:
+        if gap > reads.coalesce_gap:
             level = d + 1
     chunk = _extent(box, src_strides, level)
     count = math.prod(box[:level])
@@ -343,7 +390,7 @@ def _read_box(
     view = as_strided(buffer.numpy().view(kind), shape,
                       [*outer_strides, *src_strides[level:-1], unit])
     into = as_strided(out.numpy()[dst_start:].view(kind), shape, [*dst_strides[:-1], unit])
-    np.copyto(into, view)
+    reads.then(lambda: np.copyto(into, view))
 
 
 def _iov_max() -> int:
@@ -361,6 +408,11 @@ class _Reads:
     """One source file's reads. Reads straight into target memory that follow each other in
     the file are gathered and issued as one ``preadv`` scattering into every target (a
     column-parallel slice and the norms beside it: one call, not one per tensor)."""
+
+    @property
+    def coalesce_gap(self) -> int:
+        """Gaps up to this are read rather than skipped (the module's, read at each use)."""
+        return COALESCE_GAP
 
     def __init__(self, fd: int, stats: ReadStats, path: str) -> None:
         self.fd, self.stats, self.path = fd, stats, path
@@ -391,6 +443,98 @@ class _Reads:
         self.stats.data_bytes += sum(map(len, views))
         self.stats.reads += pread_into(self.fd, views, position, self.path)
 
+    def then(self, copy: Callable[[], object]) -> None:
+        """Run ``copy`` once the reads so far are done (they are: :meth:`read` waits)."""
+        copy()
+
+
+class _RemoteReads:
+    """One object's reads: every wanted run is gathered first, then fetched by ranged
+    requests, :data:`~shardspec.remote.REQUESTS_IN_FLIGHT` at once. Neighbouring runs share a
+    request when the gap between them is among the smallest and the gaps fetched stay within
+    :data:`REMOTE_GAP_BUDGET` of the wanted bytes (a request costs a round trip, a gap only
+    bytes); copies out of scratch buffers run after the last request."""
+
+    #: Every gap is left to :meth:`flush`'s budget.
+    coalesce_gap = 0
+
+    def __init__(self, root: RemoteRoot, stats: ReadStats, path: str) -> None:
+        self.root, self.stats, self.path = root, stats, path
+        self.targets: list[tuple[int, memoryview]] = []
+        self.copies: list[Callable[[], object]] = []
+
+    def add(self, position: int, into: torch.Tensor) -> None:
+        view = memoryview(into.numpy())  # type: ignore[arg-type]
+        if len(view):
+            self.targets.append((position, view))
+
+    read = add
+
+    def then(self, copy: Callable[[], object]) -> None:
+        self.copies.append(copy)
+
+    def flush(self) -> None:
+        targets = sorted(self.targets, key=lambda target: target[0])
+        self.targets = []
+        requests = _requests(targets, REMOTE_GAP_BUDGET, REQUEST_BYTES)
+
+        def fetch(request: tuple[int, int, list[tuple[int, memoryview]]]) -> None:
+            start, end, inside = request
+            data = memoryview(self.root.read(self.path, start, end))
+            for position, view in inside:
+                low, high = max(position, start), min(position + len(view), end)
+                view[low - position : high - position] = data[low - start : high - start]
+
+        self.root.map(fetch, requests)
+        self.stats.reads += len(requests)
+        self.stats.data_bytes += sum(end - start for start, end, _ in requests)
+        copies, self.copies = self.copies, []
+        for copy in copies:
+            copy()
+
+
+def _requests(
+    targets: list[tuple[int, memoryview]], budget: float, most: int
+) -> list[tuple[int, int, list[tuple[int, memoryview]]]]:
+    """Byte ranges to request for ``targets`` (sorted, disjoint), each with the targets it
+    fills: touching targets share a run, the smallest gaps are bridged while the gap bytes stay
+    within ``budget`` x the wanted bytes, and no request is over ``most`` bytes."""
+    runs: list[list[int]] = []
+    for position, view in targets:
+        if runs and position <= runs[-1][1]:
+            runs[-1][1] = max(runs[-1][1], position + len(view))
+        else:
+            runs.append([position, position + len(view)])
+    wanted = sum(end - start for start, end in runs)
+    allowance = budget * wanted
+    bridged = [False] * max(len(runs) - 1, 0)
+    gaps = sorted(range(len(runs) - 1), key=lambda i: runs[i + 1][0] - runs[i][1])
+    for i in gaps:
+        gap = runs[i + 1][0] - runs[i][1]
+        if gap > allowance:
+            break
+        allowance -= gap
+        bridged[i] = True
+    spans: list[list[int]] = []
+    for i, run in enumerate(runs):
+        if i and bridged[i - 1]:
+            spans[-1][1] = run[1]
+        else:
+            spans.append(list(run))
+    requests: list[tuple[int, int, list[tuple[int, memoryview]]]] = []
+    index = 0
+    for span_start, span_end in spans:
+        for start in range(span_start, span_end, most):
+            end = min(start + most, span_end)
+            while index < len(targets) and targets[index][0] + len(targets[index][1]) <= start:
+                index += 1
+            inside, look = [], index
+            while look < len(targets) and targets[look][0] < end:
+                inside.append(targets[look])
+                look += 1
+            requests.append((start, end, inside))
+    return requests
+
 
 # --- writing a resharded checkpoint ------------------------------------------------------------
 
@@ -408,16 +552,21 @@ def rank_info(plan: ReshardPlan) -> RankInfo:
 
 
 def reshard(
-    source: str | os.PathLike[str],
-    destination: str | os.PathLike[str],
+    source: PathOrURL,
+    destination: PathOrURL,
     layout: Layout,
     *,
     overwrite: bool = False,
     verify: bool = False,
     ignore_extensions: tuple[str, ...] = (),
     progress: Callable[[int, int], None] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    destination_options: dict[str, Any] | None = None,
 ) -> Manifest:
     """Write the checkpoint at ``source`` again at ``destination`` with ``layout``.
+
+    Either may be an object-storage URL: ``storage_options`` configure the source's fsspec
+    filesystem, ``destination_options`` the destination's (default: the source's).
 
     One target rank is in memory at a time. Quantization, logical records, metadata,
     extensions and extra files carry over; extra files are checked against their recorded
@@ -427,7 +576,9 @@ def reshard(
     """
     from .reader import open_checkpoint  # reader imports this module
 
-    src, dst = Path(source), Path(destination)
+    src = locate(source, storage_options if is_remote(source) else None)
+    dst = locate(destination, (destination_options if destination_options is not None
+                               else storage_options) if is_remote(destination) else None)
     checkpoint = open_checkpoint(src, ignore_extensions=ignore_extensions)
     manifest = checkpoint.manifest
     resharder = Resharder(manifest, layout)
@@ -439,9 +590,40 @@ def reshard(
         logical=logical, metadata=manifest.metadata, extensions=manifest.extensions,
         extra_files=[f.path for f in manifest.extra_files],
     )
-    if dst.exists() and os.path.realpath(dst) == os.path.realpath(src):
+    if _same_place(src, dst):
         raise ValueError("the destination is the source checkpoint's directory")
-    extras = {f.path: resolve_inside(src, f.path) for f in manifest.extra_files}
+    with tempfile.TemporaryDirectory(prefix="shardspec-extras-") as folder:
+        extras = _extra_sources(src, manifest, Path(folder))
+        return _write_resharded(src, dst, manifest, plans, draft, extras, overwrite, verify,
+                                progress)
+
+
+def _same_place(src: Location, dst: Location) -> bool:
+    if isinstance(src, RemoteRoot) or isinstance(dst, RemoteRoot):
+        return str(src) == str(dst)
+    return dst.exists() and os.path.realpath(dst) == os.path.realpath(src)
+
+
+def _extra_sources(src: Location, manifest: Manifest, folder: Path) -> dict[str, Path]:
+    """Local files to copy the extra files from: the source's own, or fetched copies (they are
+    small: configs, tokenizers)."""
+    if isinstance(src, Path):
+        return {f.path: resolve_inside(src, f.path) for f in manifest.extra_files}
+    extras = {}
+    for index, record in enumerate(manifest.extra_files):
+        local = folder / str(index)
+        with local.open("wb") as handle:
+            for chunk in src.stream(record.path, 0, record.size):
+                handle.write(chunk)
+        extras[record.path] = local
+    return extras
+
+
+def _write_resharded(
+    src: Location, dst: Location, manifest: Manifest, plans: list[ReshardPlan], draft: Manifest,
+    extras: dict[str, Path], overwrite: bool, verify: bool,
+    progress: Callable[[int, int], None] | None,
+) -> Manifest:
     prepare_directory(dst, overwrite)
     records: dict[str, FileRecord] = {}
     cpu = torch.device("cpu")
@@ -463,5 +645,5 @@ def reshard(
                 message="the extra file's size or sha256 differs from the source manifest's"))
     records.update({f.path: f for f in copied})
     finished = finish_manifest(draft, records)
-    commit_manifest(dst, finished.to_json())
+    commit_checkpoint(dst, finished.to_json())
     return finished

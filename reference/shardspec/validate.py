@@ -11,16 +11,18 @@ from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from .errors import Finding, ShardspecError
 from .gcpause import paused_gc
 from .integrity import ALGORITHMS, digest_stream
+from .location import Location, PathOrURL, locate
 from .manifest import FileRecord, Manifest
 from .parse import read_manifest
 from .paths import open_inside
 from .plan import FilePlan, plan_ranks
+from .remote import RemoteRoot
+from .remote_files import RemoteReader, read_remote_header, remote_version
 from .safetensors_header import read_header
 
 __all__ = ["Report", "validate"]
@@ -65,19 +67,21 @@ class Report:
 
 
 def validate(
-    path: str | os.PathLike[str],
+    path: PathOrURL,
     *,
     checksums: bool = False,
     rank: int | None = None,
     ignore_extensions: Collection[str] = (),
     progress: Progress | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Report:
     """Check the checkpoint at ``path``: manifest, then every data file (or only ``rank``'s).
 
-    With ``checksums`` every digest is verified too, streaming; ``progress`` is called with the
-    number of bytes hashed as it goes.
+    ``path`` is a directory or an object-storage URL (``storage_options`` for its fsspec
+    filesystem). With ``checksums`` every digest is verified too, streaming; ``progress`` is
+    called with the number of bytes hashed as it goes.
     """
-    root = Path(path)
+    root = locate(path, storage_options)
     parsed = read_manifest(root, ignore_extensions=ignore_extensions)
     report = Report(path=str(root), findings=list(parsed.findings), manifest=parsed.manifest)
     manifest = parsed.manifest
@@ -94,7 +98,7 @@ def validate(
 
 
 def _check_files(
-    root: Path, manifest: Manifest, report: Report, rank: int | None, checksums: bool,
+    root: Location, manifest: Manifest, report: Report, rank: int | None, checksums: bool,
     progress: Progress | None,
 ) -> None:
     """Every data file of ``rank`` (or of every rank) and every extra file, into ``report``."""
@@ -132,10 +136,12 @@ Digest = Callable[[FileRecord, Any, "Progress | None"], list[Finding]]
 
 
 def _check_data_file(
-    root: Path, plan: FilePlan, digest: Digest | None, progress: Progress | None
+    root: Location, plan: FilePlan, digest: Digest | None, progress: Progress | None
 ) -> tuple[list[Finding], bool]:
     """Findings of one data file, and whether its digests were verified."""
     record = plan.record
+    if isinstance(root, RemoteRoot):
+        return _check_object(root, record, plan, digest, progress)
     try:
         handle, size = open_inside(root, record.path)
     except ShardspecError as exc:
@@ -156,9 +162,11 @@ def _check_data_file(
 
 
 def _check_plain_file(
-    root: Path, record: FileRecord, digest: Digest | None, progress: Progress | None
+    root: Location, record: FileRecord, digest: Digest | None, progress: Progress | None
 ) -> tuple[list[Finding], bool]:
     """Findings of one extra file, and whether its digests were verified."""
+    if isinstance(root, RemoteRoot):
+        return _check_object(root, record, None, digest, progress)
     try:
         handle, size = open_inside(root, record.path)
     except ShardspecError as exc:
@@ -169,6 +177,32 @@ def _check_plain_file(
         if digest is None:
             return [], False
         return digest(record, handle, progress), True
+
+
+def _check_object(
+    root: RemoteRoot, record: FileRecord, plan: FilePlan | None, digest: Digest | None,
+    progress: Progress | None,
+) -> tuple[list[Finding], bool]:
+    """:func:`_check_data_file` (with a plan) or :func:`_check_plain_file` of an object."""
+    try:
+        before = remote_version(root, record.path, record.size)
+        findings = []
+        if plan is not None:
+            try:
+                header, _ = read_remote_header(root, record.path, record.size)
+            except ShardspecError as exc:
+                if exc.code.startswith("storage-"):
+                    raise
+                findings = [exc.finding]
+            else:
+                findings = list(plan.header_findings(header))
+        if digest is None:
+            return findings, False
+        findings += digest(record, RemoteReader(root, record.path, record.size), progress)
+        root.check_unchanged(record.path, before)
+        return findings, True
+    except ShardspecError as exc:
+        return [exc.finding], False
 
 
 def _size_finding(record: FileRecord, size: int) -> Finding:

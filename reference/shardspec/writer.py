@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from .dtypes import byte_size, spec_shape
 from .errors import raise_first_error
 from .integrity import digest_stream
 from .limits import DEFAULT_MAX_FILE_SIZE, MANIFEST_NAME
+from .location import Location, PathOrURL, locate
 from .manifest import (
     Alias,
     FileRecord,
@@ -38,6 +39,8 @@ from .manifest import (
 )
 from .parse import read_manifest
 from .paths import resolve_inside
+from .remote import RemoteRoot
+from .remote_write import commit_remote, prepare_prefix, upload_file, write_object
 from .schema import schema_findings
 
 __all__ = [
@@ -45,12 +48,14 @@ __all__ = [
     "Shard",
     "TensorInfo",
     "claim_directory",
+    "commit_checkpoint",
     "copy_extra_files",
     "data_file_name",
     "describe_rank",
     "extra_sources",
     "finish_manifest",
     "plan_checkpoint",
+    "place_file",
     "prepare_directory",
     "save",
     "split",
@@ -106,7 +111,7 @@ def data_file_name(layout: Layout, rank: int, part: int) -> str:
 
 def save(
     states: Mapping[int, StateDict],
-    path: str | os.PathLike[str],
+    path: PathOrURL,
     *,
     layout: Layout,
     sharding: Mapping[int, Mapping[str, Shard]] | None = None,
@@ -117,8 +122,10 @@ def save(
     overwrite: bool = False,
     metadata: Mapping[str, str] | None = None,
     extensions: Mapping[str, Mapping[str, Any]] | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Manifest:
-    """Write ``states`` (rank -> state dict) as a committed checkpoint at ``path``.
+    """Write ``states`` (rank -> state dict) as a committed checkpoint at ``path``, a directory
+    or an object-storage URL (``storage_options`` for its fsspec filesystem).
 
     A tensor with a :class:`Shard` in ``sharding[rank]`` is a piece of a global tensor; one
     without is rank-local. Tensors sharing storage on every rank that has them are recorded as
@@ -127,7 +134,7 @@ def save(
     names inside the checkpoint to source paths (or is a list of paths kept by base name).
     Bad sharding information is refused before anything is written.
     """
-    root = Path(path)
+    root = locate(path, storage_options)
     sharding = sharding or {}
     if set(states) != set(range(layout.size)):
         raise ValueError(f"states must have one state dict per rank 0..{layout.size - 1} "
@@ -144,7 +151,7 @@ def save(
         records.update({f.path: f for f in write_rank(root, rank, states[rank], draft)})
     records.update({f.path: f for f in copy_extra_files(root, extras)})
     manifest = finish_manifest(draft, records)
-    commit_manifest(root, manifest.to_json())
+    commit_checkpoint(root, manifest.to_json())
     return manifest
 
 
@@ -323,7 +330,9 @@ def _tensor_record(
                         pieces=pieces, logical=logical)
 
 
-def write_rank(root: Path, rank: int, state: StateDict, draft: Manifest) -> list[FileRecord]:
+def write_rank(
+    root: Location, rank: int, state: StateDict, draft: Manifest
+) -> list[FileRecord]:
     """Write ``rank``'s data files as ``draft`` places them; return their real records."""
     names_in: dict[str, list[str]] = {f.path: [] for f in draft.ranks[rank].files}
     for name, record in draft.tensors.items():
@@ -331,7 +340,7 @@ def write_rank(root: Path, rank: int, state: StateDict, draft: Manifest) -> list
             piece = record.piece_of(rank)
             if piece is not None:
                 names_in[piece.file].append(name)
-    return [_write_data_file(root / path, {n: state[n] for n in names})
+    return [_write_data_file(root, path, {n: state[n] for n in names})
             for path, names in names_in.items()]
 
 
@@ -358,6 +367,14 @@ def _refuse_invalid(manifest: Manifest) -> None:
     raise_first_error(check_manifest(manifest))
 
 
+def commit_checkpoint(root: Location, manifest_json: bytes) -> None:
+    """Write the manifest, last: a directory by SPEC 10.1, a storage prefix by 10.4."""
+    if isinstance(root, RemoteRoot):
+        commit_remote(root, manifest_json)
+    else:
+        commit_manifest(root, manifest_json)
+
+
 def claim_directory(root: Path, overwrite: bool) -> list[str]:
     """Create ``root``, or check that ``overwrite`` allows writing into it; its names."""
     if root.exists() and not root.is_dir():
@@ -370,8 +387,11 @@ def claim_directory(root: Path, overwrite: bool) -> list[str]:
     return existing
 
 
-def prepare_directory(root: Path, overwrite: bool) -> None:
+def prepare_directory(root: Location, overwrite: bool) -> None:
     """Create ``root``, or empty it of a previous checkpoint when ``overwrite`` (SPEC 10.2)."""
+    if isinstance(root, RemoteRoot):
+        prepare_prefix(root, overwrite)
+        return
     existing = claim_directory(root, overwrite)
     if not existing:
         return
@@ -391,7 +411,9 @@ def prepare_directory(root: Path, overwrite: bool) -> None:
     fsync_dir(root)
 
 
-def _write_data_file(path: Path, tensors: Mapping[str, torch.Tensor]) -> FileRecord:
+def _write_data_file(
+    root: Location, relative: str, tensors: Mapping[str, torch.Tensor]
+) -> FileRecord:
     """Write one part with safetensors, durably, and record its size and sha256."""
     ready: dict[str, torch.Tensor] = {}
     seen_storage: set[int] = set()
@@ -407,11 +429,20 @@ def _write_data_file(path: Path, tensors: Mapping[str, torch.Tensor]) -> FileRec
     def write(temp: Path) -> None:
         save_file(ready, str(temp), metadata={"format": "pt"})
 
+    return place_file(root, relative, write)
+
+
+def place_file(root: Location, relative: str, write: Callable[[Path], object]) -> FileRecord:
+    """Put the file that ``write(path)`` produces at ``relative``, durably in a directory
+    (SPEC 10.1) or as one upload to object storage (10.4); its record from the bytes placed."""
+    if isinstance(root, RemoteRoot):
+        return write_object(root, relative, write)
+    path = root / relative
     write_durably(path, write)
     _make_readable(path)
     with path.open("rb") as handle:
         digests, size = digest_stream(handle)
-    return FileRecord(path=path.name, size=size, checksums=digests)
+    return FileRecord(path=relative, size=size, checksums=digests)
 
 
 def _make_readable(path: Path) -> None:
@@ -435,8 +466,10 @@ def extra_sources(
     return sources
 
 
-def copy_extra_files(root: Path, sources: Mapping[str, Path]) -> list[FileRecord]:
+def copy_extra_files(root: Location, sources: Mapping[str, Path]) -> list[FileRecord]:
     """Copy extra files (config.json, tokenizer files) into the checkpoint, durably."""
+    if isinstance(root, RemoteRoot):
+        return [upload_file(root, name, source) for name, source in sources.items()]
     return [_copy_extra(root, name, source) for name, source in sources.items()]
 
 

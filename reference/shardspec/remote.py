@@ -1,0 +1,354 @@
+"""Checkpoints in object storage, through fsspec: a prefix, its objects, ranged reads (SPEC 2.4).
+
+A remote checkpoint is a URL prefix (``s3://bucket/prefix``, ``gs://``, ``az://``, ``hf://``,
+``memory://`` or any other fsspec protocol). A manifest path names the object ``prefix/path``
+after the lexical checks of SPEC 2.2; object stores have no symlinks and no ``..``, so a checked
+path cannot name an object outside the prefix. Nothing is listed: the manifest alone says which
+objects exist.
+
+Every read is a ranged request, retried on transient failures, several in flight at once. An
+object's size and version (ETag, generation) are taken before its bytes are read and compared
+again after; a change in between is error ``object-changed``, never torn data (SPEC 9.3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .checks import path_problem
+from .errors import Finding, IntegrityError, PathError, StorageError
+
+__all__ = [
+    "REQUEST_BYTES",
+    "REQUESTS_IN_FLIGHT",
+    "RETRIES",
+    "ObjectVersion",
+    "RemoteRoot",
+    "Traffic",
+    "is_remote",
+    "local_path",
+]
+
+#: Bytes asked by one ranged request: large enough to amortise a request's latency, small enough
+#: that a rank's reads spread over many connections (the range object stores recommend).
+REQUEST_BYTES = 16 * 1024 * 1024
+
+#: Requests in flight at once per load, validation or copy.
+REQUESTS_IN_FLIGHT = 16
+
+#: Requests kept ahead of a stream's reader (hashing a file for ``validate --checksums``).
+STREAM_AHEAD = 4
+
+#: Attempts of one request on a transient failure (a 5xx, a dropped connection, a short body).
+RETRIES = 4
+
+#: First wait between attempts, in seconds; it doubles with each attempt.
+RETRY_WAIT = 0.05
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+#: fsspec ``info`` fields that identify an object's content, most specific first: S3's ETag and
+#: version id, GCS's generation, Azure's etag, the Hub's blob id; memory and local files have
+#: only their times.
+_VERSION_FIELDS = ("VersionId", "ETag", "generation", "etag", "blob_id", "mtime", "created")
+
+T = TypeVar("T")
+
+
+def is_remote(path: object) -> bool:
+    """Whether ``path`` is a URL for fsspec (``file://`` URLs are local paths)."""
+    return isinstance(path, str) and bool(_URL.match(path)) and not path.startswith("file://")
+
+
+def local_path(path: str) -> str:
+    """``file:///a/b`` -> ``/a/b``; anything else unchanged."""
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+@dataclass
+class Traffic:
+    """What a :class:`RemoteRoot` asked of the store: for benchmarks, tests and the curious."""
+
+    #: ranged reads answered (retries not counted twice)
+    reads: int = 0
+    #: bytes those reads returned
+    bytes_read: int = 0
+    #: metadata requests (size and version)
+    stats: int = 0
+
+
+@dataclass(frozen=True)
+class ObjectVersion:
+    """What identifies one object's content while it is read: its size and version fields."""
+
+    size: int
+    tag: tuple[tuple[str, str], ...]
+
+
+class RemoteRoot:
+    """A checkpoint prefix in object storage, and the reads and writes made under it."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None,
+                 filesystem: Any = None) -> None:
+        try:
+            import fsspec  # noqa: PLC0415 - only remote checkpoints need fsspec
+        except ImportError:
+            raise StorageError(Finding(
+                code="storage-unavailable", file=url,
+                message="reading object storage needs fsspec (and the filesystem's package)",
+                hint="pip install 'shardspec[s3]' (or fsspec plus gcsfs, adlfs, ...)")) from None
+        self.url = url.rstrip("/")
+        if filesystem is None:
+            try:
+                filesystem, prefix = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+            except (ImportError, ValueError) as exc:
+                raise StorageError(Finding(
+                    code="storage-unavailable", file=url,
+                    message=f"no fsspec filesystem for this URL: {exc}",
+                    hint="install the filesystem's package (s3fs for s3://: "
+                    "pip install 'shardspec[s3]')")) from None
+        else:
+            prefix = filesystem._strip_protocol(self.url)
+        self.fs = filesystem
+        self.prefix = str(prefix).rstrip("/")
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        #: running totals of the requests made through this root
+        self.traffic = Traffic()
+        self._traffic_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"RemoteRoot({self.url!r})"
+
+    def __str__(self) -> str:
+        return self.url
+
+    def url_of(self, relative: str) -> str:
+        return f"{self.url}/{relative}"
+
+    def key(self, relative: str) -> str:
+        """The object path of ``relative``; PathError if SPEC 2.2 forbids the path."""
+        problem = path_problem(relative)
+        if problem:
+            raise PathError(Finding(code="path-unsafe", file=relative,
+                                    message=f"path is {problem}"))
+        return f"{self.prefix}/{relative}"
+
+    # --- metadata -------------------------------------------------------------------------
+
+    def version(self, relative: str) -> ObjectVersion:
+        """The object's size and version now (never a cached answer)."""
+        key = self.key(relative)
+        info = self._call(relative, None, lambda: self._fresh_info(key))
+        with self._traffic_lock:
+            self.traffic.stats += 1
+        if info.get("type") not in (None, "file"):
+            raise PathError(Finding(code="file-not-regular", file=relative,
+                                    message=f"{self.url_of(relative)} is not an object"))
+        tag = tuple((name, str(info[name])) for name in _VERSION_FIELDS
+                    if info.get(name) not in (None, ""))
+        return ObjectVersion(int(info["size"]), tag)
+
+    def _fresh_info(self, key: str) -> dict[str, Any]:
+        self.fs.invalidate_cache(key)
+        return dict(self.fs.info(key))
+
+    def exists(self, relative: str) -> bool:
+        try:
+            self.version(relative)
+        except PathError as exc:
+            if exc.code == "file-missing":
+                return False
+            raise
+        return True
+
+    def check_unchanged(self, relative: str, before: ObjectVersion) -> None:
+        """IntegrityError ``object-changed`` if the object is not the one read."""
+        after = self.version(relative)
+        if after != before:
+            raise IntegrityError(Finding(
+                code="object-changed", file=relative,
+                message=f"{self.url_of(relative)} changed while it was read "
+                f"({_describe(before)} before, {_describe(after)} after)",
+                hint="nobody may replace an object a manifest lists (SPEC 10.2); load again "
+                "once the writer has committed"))
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def read(self, relative: str, start: int, end: int) -> bytes:
+        """Bytes ``start..end`` of the object, exactly: a short answer is retried like any
+        transient failure."""
+        key = self.key(relative)
+        want = end - start
+        if want <= 0:
+            return b""
+
+        def once() -> bytes:
+            data = bytes(self.fs.cat_file(key, start=start, end=end))
+            if len(data) != want:
+                raise _ShortRead(f"the storage sent {len(data)} of {want} bytes (the object is "
+                                 "shorter than its record, or the connection broke)")
+            return data
+
+        data = self._call(relative, (start, end), once)
+        with self._traffic_lock:
+            self.traffic.reads += 1
+            self.traffic.bytes_read += len(data)
+        return data
+
+    def read_into(self, relative: str, start: int, views: Sequence[memoryview]) -> None:
+        """Fill ``views``, which follow each other in the object from ``start``, in requests
+        of at most :data:`REQUEST_BYTES`, several at once."""
+        jobs: list[tuple[int, memoryview]] = []
+        position = start
+        for view in views:
+            for offset in range(0, len(view), REQUEST_BYTES):
+                jobs.append((position + offset, view[offset : offset + REQUEST_BYTES]))
+            position += len(view)
+
+        def fill(job: tuple[int, memoryview]) -> None:
+            at, view = job
+            view[:] = self.read(relative, at, at + len(view))
+
+        self.map(fill, jobs)
+
+    def stream(self, relative: str, start: int, end: int,
+               chunk: int = REQUEST_BYTES) -> Iterator[bytes]:
+        """Bytes ``start..end`` in order, chunk by chunk, the next chunks already requested."""
+        pool = self.pool()
+        ahead: list[Future[bytes]] = []
+        positions = iter(range(start, end, chunk))
+        try:
+            for position in positions:
+                ahead.append(pool.submit(self.read, relative, position, min(position + chunk, end)))
+                if len(ahead) >= STREAM_AHEAD:
+                    break
+            while ahead:
+                data = ahead.pop(0).result()
+                following = next(positions, None)
+                if following is not None:
+                    ahead.append(pool.submit(self.read, relative, following,
+                                             min(following + chunk, end)))
+                yield data
+        finally:
+            for future in ahead:
+                future.cancel()
+
+    def map(self, work: Callable[[T], None], items: Sequence[T]) -> None:
+        """``work`` on every item, :data:`REQUESTS_IN_FLIGHT` at once; the first error raised."""
+        if len(items) <= 1:
+            for item in items:
+                work(item)
+            return
+        futures = [self.pool().submit(work, item) for item in items]
+        try:
+            for future in futures:
+                future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+
+    def pool(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(REQUESTS_IN_FLIGHT,
+                                                thread_name_prefix="shardspec-remote")
+            return self._pool
+
+    # --- writes (SPEC 10.4) -----------------------------------------------------------------
+
+    def put_file(self, relative: str, source: str) -> None:
+        """Upload the local file ``source`` as the object ``relative`` (whole, or not at all:
+        an object store never shows a partial upload)."""
+        key = self.key(relative)
+        self._call(relative, None, lambda: self.fs.put_file(source, key), retry=False)
+
+    def put_bytes(self, relative: str, data: bytes) -> None:
+        key = self.key(relative)
+        self._call(relative, None, lambda: self.fs.pipe_file(key, data), retry=False)
+
+    def remove(self, relative: str) -> None:
+        """Delete the object if it exists."""
+        key = self.key(relative)
+
+        def remove() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(key)
+
+        self._call(relative, None, remove, retry=False)
+
+    def names(self) -> list[str]:
+        """Relative names of the objects under the prefix (for a writer's clean-up only: a
+        reader never lists, SPEC 2.4)."""
+        def find() -> list[str]:
+            try:
+                return list(self.fs.find(self.prefix))
+            except FileNotFoundError:
+                return []
+
+        found = self._call(".", None, find, retry=False)
+        start = len(self.prefix) + 1
+        return sorted(name[start:] for name in found if name.startswith(self.prefix + "/"))
+
+    # --- errors and retries -----------------------------------------------------------------
+
+    def _call(self, relative: str, byte_range: tuple[int, int] | None, attempt: Callable[[], T],
+              *, retry: bool = True) -> T:
+        """Run ``attempt``, retrying what may pass on another try (a 5xx, throttling, a dropped
+        connection, a short body); missing objects and refused credentials are not retried.
+        Every storage failure becomes a finding naming the object."""
+        where = self.url_of(relative) if relative != "." else self.url
+        if byte_range is not None:
+            where += f" bytes {byte_range[0]}..{byte_range[1]}"
+        tries = RETRIES if retry else 1
+        for number in range(1, tries + 1):
+            try:
+                return attempt()
+            except FileNotFoundError:
+                raise PathError(Finding(code="file-missing", file=relative,
+                                        message=f"{where} does not exist")) from None
+            except PermissionError as exc:
+                raise StorageError(Finding(
+                    code="storage-denied", file=relative,
+                    message=f"the storage refused access to {where}: {_reason(exc)}",
+                    hint="check the credentials and permissions (fsspec storage_options, or "
+                    "FSSPEC_<PROTOCOL> settings in the environment)")) from None
+            except (IsADirectoryError, NotADirectoryError):
+                raise PathError(Finding(code="file-not-regular", file=relative,
+                                        message=f"{where} is not an object")) from None
+            except Exception as exc:  # noqa: BLE001 - client libraries raise their own types
+                if number == tries:
+                    attempts = f" after {number} attempts" if number > 1 else ""
+                    raise StorageError(Finding(
+                        code="storage-failed", file=relative,
+                        message=f"reading or writing {where} failed{attempts}: "
+                        f"{_reason(exc)}")) from None
+            time.sleep(RETRY_WAIT * 2 ** (number - 1))
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        with self._pool_lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+
+class _ShortRead(Exception):
+    """The storage answered a ranged request with fewer bytes than asked."""
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text if len(text) < 300 else text[:300] + "…"
+
+
+def _describe(version: ObjectVersion) -> str:
+    tag = ", ".join(f"{name} {value}" for name, value in version.tag)
+    return f"{version.size} bytes" + (f", {tag}" if tag else "")

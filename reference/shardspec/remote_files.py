@@ -1,0 +1,67 @@
+"""One object of a remote checkpoint: its checked size and version, its header, its bytes as a
+stream (SPEC 2.4, 9.1, 9.3). Torch-free: ``validate`` uses these without importing torch."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+from .errors import Finding, IntegrityError
+from .limits import MAX_SAFETENSORS_HEADER_BYTES
+from .remote import ObjectVersion, RemoteRoot
+from .safetensors_header import Header, read_header
+
+__all__ = ["HEADER_PROBE", "RemoteReader", "read_remote_header", "remote_version"]
+
+#: Bytes asked for first, to get a file's header in one request: most headers are a few KiB,
+#: and a larger first request costs a resharding rank bytes it may not want.
+HEADER_PROBE = 64 * 1024
+
+
+def remote_version(root: RemoteRoot, relative: str, size: int) -> ObjectVersion:
+    """The object's version, after checking its size against the manifest (SPEC 9.1)."""
+    version = root.version(relative)
+    if version.size != size:
+        raise IntegrityError(Finding(
+            code="file-size", file=relative,
+            message=f"the object has {version.size} bytes, the manifest says {size}",
+            hint="the object is truncated, replaced or still uploading"))
+    return version
+
+
+def read_remote_header(root: RemoteRoot, relative: str, size: int) -> tuple[Header, bytes]:
+    """The checked header (SPEC 6.3) and every byte fetched for it (a prefix of the object)."""
+    prefix = root.read(relative, 0, min(size, HEADER_PROBE))
+    if len(prefix) >= 8:
+        (length,) = struct.unpack("<Q", prefix[:8])
+        end = 8 + length
+        # Only a length that read_header would accept is worth a second request.
+        if length <= MAX_SAFETENSORS_HEADER_BYTES and len(prefix) < end <= size:
+            prefix += root.read(relative, len(prefix), end)
+    return read_header(io.BytesIO(prefix), size, relative), prefix
+
+
+class RemoteReader:
+    """An object as a readable stream (what :func:`~shardspec.integrity.digest_stream` reads):
+    its bytes in order, the next ranged requests already in flight."""
+
+    def __init__(self, root: RemoteRoot, relative: str, size: int) -> None:
+        self._chunks = root.stream(relative, 0, size)
+        self._pending = memoryview(b"")
+
+    def readinto(self, buffer: memoryview) -> int:
+        if not self._pending:
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                return 0
+            self._pending = memoryview(chunk)
+        count = min(len(buffer), len(self._pending))
+        buffer[:count] = self._pending[:count]
+        self._pending = self._pending[count:]
+        return count
+
+    def read(self, size: int = -1) -> bytes:
+        raise io.UnsupportedOperation("RemoteReader is read with readinto")
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        raise io.UnsupportedOperation("RemoteReader reads forward only")

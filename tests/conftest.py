@@ -24,6 +24,8 @@ from shardspec.testing.profiles import load_profile
 
 load_profile()  # shardspec.testing.profiles: SHARDSPEC_HYPOTHESIS_PROFILE, "ci" by default
 
+pytest_plugins = ["s3_server"]  # the s3_server and s3_bucket fixtures (tests/s3_server.py)
+
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_FILE = REPO / "schema" / "manifest.schema.json"
 

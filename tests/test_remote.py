@@ -341,15 +341,15 @@ def test_the_cli_refuses_bad_storage_options() -> None:
 
 @given(st.lists(st.tuples(st.integers(0, 5000), st.integers(1, 700)), min_size=1, max_size=40),
        st.sampled_from([0.0, 0.1, 0.5]), st.integers(1, 3000))
-def test_requests_cover_every_target_within_the_budget(
+def test_requests_cover_every_target_within_the_allowance(
         runs: list[tuple[int, int]], budget: float, most: int) -> None:
     targets, position = [], 0
     for gap, length in runs:  # disjoint, sorted targets
         position += gap
         targets.append((position, memoryview(bytearray(length))))
         position += length
-    requests = _requests(targets, budget, most)
     wanted = sum(len(v) for _, v in targets)
+    requests = _requests(targets, budget * wanted, most)
     asked = sum(end - start for start, end, _ in requests)
     assert asked <= wanted * (1 + budget) + 1e-9
     assert all(0 < end - start <= most for start, end, _ in requests)

@@ -11,11 +11,15 @@ from .limits import MAX_SAFETENSORS_HEADER_BYTES
 from .remote import ObjectVersion, RemoteRoot
 from .safetensors_header import Header, read_header
 
-__all__ = ["HEADER_PROBE", "RemoteReader", "read_remote_header", "remote_version"]
+__all__ = ["HEADER_PROBE", "PARTIAL_HEADER_PROBE", "RemoteReader", "read_remote_header",
+           "remote_version"]
 
-#: Bytes asked for first, to get a file's header in one request: most headers are a few KiB,
-#: and a larger first request costs a resharding rank bytes it may not want.
+#: Bytes asked for first, to get a file's header in one request when the whole file is read
+#: anyway (the data bytes that come with it are used).
 HEADER_PROBE = 64 * 1024
+
+#: The same for a resharding rank, which may want none of the data bytes that come with it.
+PARTIAL_HEADER_PROBE = 16 * 1024
 
 
 def remote_version(root: RemoteRoot, relative: str, size: int) -> ObjectVersion:
@@ -29,9 +33,11 @@ def remote_version(root: RemoteRoot, relative: str, size: int) -> ObjectVersion:
     return version
 
 
-def read_remote_header(root: RemoteRoot, relative: str, size: int) -> tuple[Header, bytes]:
-    """The checked header (SPEC 6.3) and every byte fetched for it (a prefix of the object)."""
-    prefix = root.read(relative, 0, min(size, HEADER_PROBE))
+def read_remote_header(root: RemoteRoot, relative: str, size: int,
+                       probe: int = HEADER_PROBE) -> tuple[Header, bytes]:
+    """The checked header (SPEC 6.3) and every byte fetched for it (a prefix of the object):
+    ``probe`` bytes first, the rest of a longer header with a second request."""
+    prefix = root.read(relative, 0, min(size, probe))
     if len(prefix) >= 8:
         (length,) = struct.unpack("<Q", prefix[:8])
         end = 8 + length

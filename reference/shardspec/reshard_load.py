@@ -40,7 +40,12 @@ from .paths import open_inside, resolve_inside
 from .plan import FilePlan, plan_ranks
 from .reads import pread_into
 from .remote import REQUEST_BYTES, RemoteRoot, is_remote
-from .remote_files import RemoteReader, read_remote_header, remote_version
+from .remote_files import (
+    PARTIAL_HEADER_PROBE,
+    RemoteReader,
+    read_remote_header,
+    remote_version,
+)
 from .reshard_plan import Resharder, ReshardPlan, SourcePiece, TargetPiece
 from .safetensors_header import Header, read_header
 from .writer import (
@@ -274,12 +279,12 @@ def _read_remote_file(
     record = plan.record
     stats.files_opened.append(record.path)
     before = remote_version(root, record.path, record.size)
-    header, prefix = read_remote_header(root, record.path, record.size)
+    header, prefix = read_remote_header(root, record.path, record.size, PARTIAL_HEADER_PROBE)
     stats.header_bytes += len(prefix)
     plan.check_header(header)
     if verify:
         _verify(RemoteReader(root, record.path, record.size), record, stats)
-    reads = _RemoteReads(root, stats, record.path)
+    reads = _RemoteReads(root, stats, record.path, prefix)
     for name, target, source in sorted(jobs, key=lambda job: header.entries[job[0]].begin):
         # Boxes read through a scratch buffer are copied after every request is in: each box
         # gets a scratch buffer of its own.
@@ -450,16 +455,19 @@ class _Reads:
 
 class _RemoteReads:
     """One object's reads: every wanted run is gathered first, then fetched by ranged
-    requests, :data:`~shardspec.remote.REQUESTS_IN_FLIGHT` at once. Neighbouring runs share a
-    request when the gap between them is among the smallest and the gaps fetched stay within
-    :data:`REMOTE_GAP_BUDGET` of the wanted bytes (a request costs a round trip, a gap only
-    bytes); copies out of scratch buffers run after the last request."""
+    requests, :data:`~shardspec.remote.REQUESTS_IN_FLIGHT` at once. Bytes that came with the
+    header's request (``prefix``) are not asked again. Neighbouring runs share a request when
+    the gap between them is among the smallest, while everything asked of the object, the
+    header's request included, stays within :data:`REMOTE_GAP_BUDGET` of the wanted bytes (a
+    request costs a round trip, a gap only bytes). Copies out of scratch buffers run after the
+    last request."""
 
     #: Every gap is left to :meth:`flush`'s budget.
     coalesce_gap = 0
 
-    def __init__(self, root: RemoteRoot, stats: ReadStats, path: str) -> None:
+    def __init__(self, root: RemoteRoot, stats: ReadStats, path: str, prefix: bytes) -> None:
         self.root, self.stats, self.path = root, stats, path
+        self.prefix = memoryview(prefix)
         self.targets: list[tuple[int, memoryview]] = []
         self.copies: list[Callable[[], object]] = []
 
@@ -476,7 +484,19 @@ class _RemoteReads:
     def flush(self) -> None:
         targets = sorted(self.targets, key=lambda target: target[0])
         self.targets = []
-        requests = _requests(targets, REMOTE_GAP_BUDGET, REQUEST_BYTES)
+        wanted = sum(len(view) for _, view in targets)
+        have = len(self.prefix)
+        rest: list[tuple[int, memoryview]] = []
+        for position, view in targets:  # what the header's request brought is copied
+            if position < have:
+                count = min(len(view), have - position)
+                view[:count] = self.prefix[position : position + count]
+                position, view = position + count, view[count:]
+            if len(view):
+                rest.append((position, view))
+        unwanted = have - (wanted - sum(len(view) for _, view in rest))
+        allowance = max(0.0, REMOTE_GAP_BUDGET * wanted - unwanted)
+        requests = _requests(rest, allowance, REQUEST_BYTES)
 
         def fetch(request: tuple[int, int, list[tuple[int, memoryview]]]) -> None:
             start, end, inside = request
@@ -494,19 +514,17 @@ class _RemoteReads:
 
 
 def _requests(
-    targets: list[tuple[int, memoryview]], budget: float, most: int
+    targets: list[tuple[int, memoryview]], allowance: float, most: int
 ) -> list[tuple[int, int, list[tuple[int, memoryview]]]]:
     """Byte ranges to request for ``targets`` (sorted, disjoint), each with the targets it
-    fills: touching targets share a run, the smallest gaps are bridged while the gap bytes stay
-    within ``budget`` x the wanted bytes, and no request is over ``most`` bytes."""
+    fills: touching targets share a run, the smallest gaps are bridged while the gap bytes add
+    up to at most ``allowance``, and no request is over ``most`` bytes."""
     runs: list[list[int]] = []
     for position, view in targets:
         if runs and position <= runs[-1][1]:
             runs[-1][1] = max(runs[-1][1], position + len(view))
         else:
             runs.append([position, position + len(view)])
-    wanted = sum(end - start for start, end in runs)
-    allowance = budget * wanted
     bridged = [False] * max(len(runs) - 1, 0)
     gaps = sorted(range(len(runs) - 1), key=lambda i: runs[i + 1][0] - runs[i][1])
     for i in gaps:

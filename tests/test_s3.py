@@ -1,0 +1,300 @@
+"""Checkpoints in S3, against a real S3-protocol server on 127.0.0.1 (tests/s3_server.py).
+
+The server counts every byte asked and injects the failures object storage has: missing and
+truncated objects, server errors mid-read, refused credentials, an object replaced while read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import shardspec
+from conftest import assert_same_tensor
+from hf_helpers import llama_tensors, write_hf_dir
+from shardspec import Layout, remote
+from shardspec.cli import app
+from shardspec.limits import MANIFEST_NAME
+from shardspec.remote import RemoteRoot
+
+if TYPE_CHECKING:
+    from s3_server import Request, S3Server
+
+TP = 2
+
+
+@pytest.fixture(autouse=True)
+def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retry as in production, without the production waits."""
+    monkeypatch.setattr(remote, "RETRY_WAIT", 0.001)
+
+
+def model(tp: int) -> tuple[dict[str, torch.Tensor], dict[int, dict[str, torch.Tensor]],
+                            dict[int, dict[str, shardspec.Shard]]]:
+    """Global tensors of a few MiB (headers are a small share of what a rank reads), and their
+    TP split: column-parallel, row-parallel and replicated."""
+    gen = torch.Generator().manual_seed(11)
+    tensors = {
+        "col.weight": torch.randn(1024, 512, generator=gen),
+        "row.weight": torch.randn(512, 1024, generator=gen).to(torch.bfloat16),
+        "norm.weight": torch.randn(512, generator=gen),
+    }
+    dims = {"col.weight": 0, "row.weight": 1, "norm.weight": None}
+    states: dict[int, dict[str, torch.Tensor]] = {r: {} for r in range(tp)}
+    sharding: dict[int, dict[str, shardspec.Shard]] = {r: {} for r in range(tp)}
+    for name, tensor in tensors.items():
+        for rank, (piece, shard) in enumerate(shardspec.split(tensor, dims[name], tp)):
+            states[rank][name] = piece
+            sharding[rank][name] = shard
+    return tensors, states, sharding
+
+
+@pytest.fixture
+def saved(s3_server: S3Server, s3_bucket: str, tmp_path: Path
+          ) -> tuple[str, dict[str, Any], shardspec.Manifest, Path]:
+    """The model saved to s3://bucket/ck and, the same way, to a local directory."""
+    _, states, sharding = model(TP)
+    url = f"s3://{s3_bucket}/ck"
+    options = s3_server.storage_options()
+    manifest = shardspec.save(states, url, layout=Layout(tp_size=TP), sharding=sharding,
+                              storage_options=options)
+    shardspec.save(states, tmp_path / "local", layout=Layout(tp_size=TP), sharding=sharding)
+    s3_server.clear_log()
+    return url, options, manifest, tmp_path / "local"
+
+
+def data_keys(requests: list[Request]) -> set[str]:
+    return {r.key.rsplit("/", 1)[1] for r in requests if r.key.endswith(".safetensors")}
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+def test_save_uploads_data_first_and_the_manifest_last(s3_server: S3Server,
+                                                       s3_bucket: str) -> None:
+    _, states, sharding = model(TP)
+    manifest = shardspec.save(states, f"s3://{s3_bucket}/ck", layout=Layout(tp_size=TP),
+                              sharding=sharding, storage_options=s3_server.storage_options())
+    puts = [r.key for r in s3_server.requests("PUT") if r.key]
+    assert puts[-1] == f"ck/{MANIFEST_NAME}" and puts.count(f"ck/{MANIFEST_NAME}") == 1
+    assert {p.removeprefix("ck/") for p in puts[:-1]} == {
+        f.path for r in manifest.ranks for f in r.files}
+
+
+def test_a_failed_upload_leaves_no_checkpoint(s3_server: S3Server, s3_bucket: str) -> None:
+    _, states, sharding = model(TP)
+    options = s3_server.storage_options()
+    s3_server.fail("PUT", "*model-rank-1-*", times=None)
+    with pytest.raises(shardspec.StorageError) as caught:
+        shardspec.save(states, f"s3://{s3_bucket}/ck", layout=Layout(tp_size=TP),
+                       sharding=sharding, storage_options=options)
+    assert caught.value.code == "storage-failed" and "model-rank-1" in str(caught.value)
+    assert not s3_server.requests("PUT", f"ck/{MANIFEST_NAME}")
+    s3_server.clear_rules()
+    with pytest.raises(shardspec.NotCommittedError):  # rank 0's object is there: not read
+        shardspec.open(f"s3://{s3_bucket}/ck", storage_options=options)
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def test_each_rank_reads_exactly_its_own_bytes(
+        s3_server: S3Server, saved: tuple[str, dict[str, Any], shardspec.Manifest, Path]) -> None:
+    url, options, manifest, local = saved
+    for rank in range(TP):
+        s3_server.clear_log()
+        loaded = shardspec.load_rank(url, rank, "cpu", storage_options=options)
+        expected = shardspec.load_rank(local, rank, "cpu")
+        assert set(loaded) == set(expected)
+        for name in expected:
+            assert_same_tensor(loaded[name], expected[name])
+        own = {f.path: f.size for f in manifest.ranks[rank].files}
+        gets = s3_server.requests("GET")
+        assert data_keys(gets) == set(own)  # no other rank's object
+        for path, size in own.items():  # every byte once: header request, then the rest
+            assert s3_server.bytes_requested(f"ck/{path}") == size
+        manifest_gets = [r for r in gets if r.key.endswith(MANIFEST_NAME)]
+        assert len(manifest_gets) == 1  # fetched once
+
+
+@pytest.mark.parametrize("target", [Layout(tp_size=4), Layout(tp_size=8), Layout(tp_size=1)])
+def test_resharding_asks_at_most_a_tenth_more_than_its_pieces(
+        s3_server: S3Server, saved: tuple[str, dict[str, Any], shardspec.Manifest, Path],
+        target: Layout) -> None:
+    url, options, _, local = saved
+    checkpoint = shardspec.open(url, storage_options=options)
+    for rank in range(target.size):
+        s3_server.clear_log()
+        loaded = checkpoint.load_rank(rank, "cpu", layout=target)
+        expected = shardspec.load_rank(local, rank, "cpu", layout=target)
+        for name in expected:
+            assert_same_tensor(loaded[name], expected[name])
+        pieces = sum(t.numel() * t.element_size() for t in expected.values())
+        asked = s3_server.bytes_requested("ck/model-")  # headers included
+        assert asked <= 1.1 * pieces, (rank, asked, pieces)
+
+
+def test_a_missing_object_is_named(
+        s3_server: S3Server, saved: tuple[str, dict[str, Any], shardspec.Manifest, Path]) -> None:
+    url, options, manifest, _ = saved
+    name = manifest.ranks[1].files[0].path
+    RemoteRoot(url, options).remove(name)
+    with pytest.raises(shardspec.PathError) as caught:
+        shardspec.load_rank(url, 1, "cpu", storage_options=options)
+    assert caught.value.code == "file-missing" and f"{url}/{name}" in str(caught.value)
+    shardspec.load_rank(url, 0, "cpu", storage_options=options)
+
+
+def test_a_truncated_object_is_refused_before_its_bytes_are_read(
+        s3_server: S3Server, saved: tuple[str, dict[str, Any], shardspec.Manifest, Path]) -> None:
+    url, options, manifest, local = saved
+    bucket = url.split("/")[2]
+    name = manifest.ranks[0].files[0].path
+    s3_server.put_object(bucket, f"ck/{name}", (local / name).read_bytes()[:-100])
+    with pytest.raises(shardspec.IntegrityError) as caught:
+        shardspec.load_rank(url, 0, "cpu", storage_options=options)
+    assert caught.value.code == "file-size"
+    assert not s3_server.requests("GET", f"ck/{name}")  # the HEAD was enough
+    report = shardspec.validate(url, storage_options=options)
+    assert [(f.code, f.file) for f in report.errors] == [("file-size", name)]
+
+
+def test_a_server_error_mid_read_is_retried(
+        s3_server: S3Server, saved: tuple[str, dict[str, Any], shardspec.Manifest, Path]) -> None:
+    url, options, manifest, local = saved
+    name = manifest.ranks[1].files[0].path
+    # the second GET of the object (its first data range) fails twice, then succeeds
+    calls: list[int] = []
+
+    def data_range(key: str) -> bool:
+        if not key.endswith(name):
+            return False
+        calls.append(1)
+        return len(calls) >= 2
+
+    s3_server.fail("GET", data_range, status=500, times=remote.RETRIES - 1)
+    loaded = shardspec.load_rank(url, 1, "cpu", storage_options=options)
+    expected = shardspec.load_rank(local, 1, "cpu")
+    for key in expected:
+        assert_same_tensor(loaded[key], expected[key])
+    failed = [r for r in s3_server.requests("GET", f"ck/{name}") if r.status == 500]
+    assert len(failed) == remote.RETRIES - 1
+
+
+def test_a_server_that_keeps_failing_is_a_clear_error(
+        s3_server: S3Server, saved: tuple[str, dict[str, Any], shardspec.Manifest, Path]) -> None:
+    url, options, manifest, _ = saved
+    name = manifest.ranks[1].files[0].path
+    s3_server.fail("GET", f"*{name}", status=503, code="ServiceUnavailable", times=None)
+    with pytest.raises(shardspec.StorageError) as caught:
+        shardspec.load_rank(url, 1, "cpu", storage_options=options)
+    error = caught.value
+    assert error.code == "storage-failed" and error.section == "2.4"
+    assert f"{url}/{name} bytes 0.." in str(error) and f"after {remote.RETRIES} attempts" in str(
+        error)
+    assert len(s3_server.requests("GET", f"ck/{name}")) == remote.RETRIES
+
+
+def test_a_connection_dropped_mid_body_is_retried(
+        s3_server: S3Server, saved: tuple[str, dict[str, Any], shardspec.Manifest, Path]) -> None:
+    url, options, manifest, local = saved
+    name = manifest.ranks[0].files[0].path
+    s3_server.truncate("GET", f"*{name}", after_bytes=1000, times=2)
+    loaded = shardspec.load_rank(url, 0, "cpu", storage_options=options)
+    expected = shardspec.load_rank(local, 0, "cpu")
+    for key in expected:
+        assert_same_tensor(loaded[key], expected[key])
+
+
+def test_refused_credentials(s3_server: S3Server,
+                             saved: tuple[str, dict[str, Any], shardspec.Manifest, Path]) -> None:
+    url, _, _, _ = saved
+    wrong = s3_server.storage_options(key="not-a-key")
+    with pytest.raises(shardspec.StorageError) as caught:
+        shardspec.open(url, storage_options=wrong)
+    assert caught.value.code == "storage-denied" and MANIFEST_NAME in str(caught.value)
+    assert len(s3_server.requests()) == 1  # one HEAD of the manifest: not retried
+    result = CliRunner().invoke(app, ["--storage-options", json.dumps(wrong), "validate", url])
+    assert result.exit_code == 2, result.output
+    assert "storage-denied" in result.output and "Traceback" not in result.output
+
+
+def test_an_object_replaced_while_read_is_an_error(
+        s3_server: S3Server, saved: tuple[str, dict[str, Any], shardspec.Manifest, Path]) -> None:
+    """SPEC 9.3: same size, other bytes, swapped in between two ranged GETs of the object."""
+    url, options, manifest, local = saved
+    bucket = url.split("/")[2]
+    name = manifest.ranks[0].files[0].path
+    other = bytearray((local / name).read_bytes())
+    other[-1] ^= 1
+
+    def replace(_: Request) -> None:
+        s3_server.put_object(bucket, f"ck/{name}", bytes(other))
+
+    s3_server.on_request("GET", f"*{name}", replace)  # after the header's GET
+    with pytest.raises(shardspec.IntegrityError) as caught:
+        shardspec.load_rank(url, 0, "cpu", storage_options=options)
+    assert caught.value.code == "object-changed" and name in str(caught.value)
+    assert "ETag" in str(caught.value)
+
+
+def test_an_object_replaced_before_the_load_is_caught_by_verify(
+        s3_server: S3Server, saved: tuple[str, dict[str, Any], shardspec.Manifest, Path]) -> None:
+    """A replacement finished before the reader takes the version leaves consistent bytes of
+    another object: the size check (same size here) cannot tell; the checksum does."""
+    url, options, manifest, local = saved
+    bucket = url.split("/")[2]
+    name = manifest.ranks[0].files[0].path
+    checkpoint = shardspec.open(url, storage_options=options)
+    other = bytearray((local / name).read_bytes())
+    other[-1] ^= 1
+    s3_server.put_object(bucket, f"ck/{name}", bytes(other))
+    with pytest.raises(shardspec.IntegrityError) as caught:
+        checkpoint.load_rank(0, "cpu", verify=True)
+    assert caught.value.code == "checksum-mismatch"
+    report = shardspec.validate(url, checksums=True, storage_options=options)
+    assert [(f.code, f.file) for f in report.errors] == [("checksum-mismatch", name)]
+
+
+# --- validate, the command line, convert and reshard -----------------------------------------
+
+
+def test_validate_with_checksums(
+        s3_server: S3Server, saved: tuple[str, dict[str, Any], shardspec.Manifest, Path]) -> None:
+    url, options, manifest, _ = saved
+    report = shardspec.validate(url, checksums=True, storage_options=options)
+    assert report.ok and report.checksums_verified == sum(len(r.files) for r in manifest.ranks)
+    total = sum(f.size for r in manifest.ranks for f in r.files)
+    # the header GETs, then every byte again for the hash
+    assert s3_server.bytes_requested("ck/model-") <= total + 2 * 65536
+
+
+def test_the_cli_end_to_end(s3_server: S3Server, s3_bucket: str, tmp_path: Path,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """convert to S3, validate, inspect, files, reshard S3 -> S3, through the command line."""
+    source = write_hf_dir(tmp_path / "hf", llama_tensors(hidden=64, intermediate=128), shards=2)
+    monkeypatch.setenv("SHARDSPEC_STORAGE_OPTIONS", json.dumps(s3_server.storage_options()))
+    runner = CliRunner()
+    url = f"s3://{s3_bucket}/llama-tp2"
+    for args in (["convert", str(source), url, "--tp", "2"],
+                 ["validate", url, "--checksums"],
+                 ["inspect", url],
+                 ["files", url, "--rank", "1"],
+                 ["reshard", url, f"s3://{s3_bucket}/llama-tp4", "--tp", "4"],
+                 ["validate", f"s3://{s3_bucket}/llama-tp4", "--checksums"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, (args, result.output)
+    converted = tmp_path / "local-tp2"
+    assert runner.invoke(app, ["convert", str(source), str(converted), "--tp", "2"]
+                         ).exit_code == 0
+    for rank in range(4):
+        remote_rank = shardspec.load_rank(f"s3://{s3_bucket}/llama-tp4", rank, "cpu",
+                                          storage_options=s3_server.storage_options())
+        local_rank = shardspec.load_rank(converted, rank, "cpu", layout=Layout(tp_size=4))
+        for name in local_rank:
+            assert_same_tensor(remote_rank[name], local_rank[name])

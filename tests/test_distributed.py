@@ -17,7 +17,7 @@ import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -27,6 +27,9 @@ from typer.testing import CliRunner
 import shardspec
 from shardspec import Layout, Shard
 from shardspec.cli import app
+
+if TYPE_CHECKING:
+    from s3_server import S3Server
 
 REPO = Path(__file__).resolve().parents[1]
 JOIN_SECONDS = 90  # a world that takes longer than this is hung: fail, do not wait
@@ -215,8 +218,20 @@ def _load_resharded(rank: int, world: int, path: str) -> dict[str, Any]:
             + sorted(set(loaded) ^ set(expected))}
 
 
+def _save_and_load_url(rank: int, world: int, url: str, options: dict[str, Any]
+                       ) -> dict[str, Any]:
+    from shardspec import distributed
+
+    state, sharding = make_state(rank, world)
+    distributed.save(state, url, layout=Layout(tp_size=world), sharding=sharding,
+                     storage_options=options)
+    loaded = distributed.load(url, storage_options=options)
+    return {"mismatched": same(loaded, state)}
+
+
 SCENARIOS = {
     "load_resharded": _load_resharded,
+    "save_and_load_url": _save_and_load_url,
     "save_and_load": _save_and_load,
     "load_nodes": _load_nodes,
     "save_failing": _save_failing,
@@ -328,6 +343,23 @@ def test_a_group_of_another_size_reshards_on_load(tmp_path: Path) -> None:
     results = run_world(tmp_path, 2, "load_resharded", path=str(path))
     assert_all_ok(results)
     assert all(r is not None and r["mismatched"] == [] for r in results)
+
+
+def test_save_and_load_through_object_storage(
+    s3_server: S3Server, s3_bucket: str, tmp_path: Path
+) -> None:
+    """Every rank writes its objects to one S3 prefix, rank 0 the manifest last; every rank
+    then fetches the manifest and its own objects, each once."""
+    url = f"s3://{s3_bucket}/world"
+    options = s3_server.storage_options()
+    results = run_world(tmp_path, 2, "save_and_load_url", url=url, options=options)
+    assert_all_ok(results)
+    assert all(r is not None and r["mismatched"] == [] for r in results)
+    manifest = shardspec.open(url, storage_options=options).manifest
+    for record in (f for r in manifest.ranks for f in r.files):
+        assert s3_server.bytes_requested(f"world/{record.path}") == record.size
+    puts = [r.key for r in s3_server.requests("PUT")]
+    assert puts[-1] == "world/shardspec.json"
 
 
 def test_two_nodes_each_load_from_their_own_directory(

@@ -285,7 +285,8 @@ def test_the_cli_end_to_end(s3_server: S3Server, s3_bucket: str, tmp_path: Path,
                  ["validate", url, "--checksums"],
                  ["inspect", url],
                  ["files", url, "--rank", "1"],
-                 ["reshard", url, f"s3://{s3_bucket}/llama-tp4", "--tp", "4"],
+                 ["reshard", url, f"s3://{s3_bucket}/llama-tp4", "--tp", "4", "--gap-budget",
+                  "1.0"],
                  ["validate", f"s3://{s3_bucket}/llama-tp4", "--checksums"]):
         result = runner.invoke(app, args)
         assert result.exit_code == 0, (args, result.output)

@@ -57,6 +57,12 @@ def reshard_command(
     ignore_extension: Annotated[list[str] | None, typer.Option(
         "--ignore-extension", help="A must-understand extension known to be safe to ignore.")
     ] = None,
+    gap_budget: Annotated[float | None, typer.Option(
+        "--gap-budget", min=0.0, show_default=False,
+        help="From object storage: the bytes of gaps a new rank may fetch to save requests, as "
+        "a fraction of the bytes it wants (default 0.1). Splitting row-parallel tensors "
+        "further asks a range per row: 1.0 fetches whole rows in a few requests instead.")
+    ] = None,
 ) -> None:
     """Write SOURCE again at DESTINATION with another tp_size and pp_size (SPEC 11.3).
 
@@ -73,7 +79,8 @@ def reshard_command(
             and os.path.realpath(destination) == os.path.realpath(source)):
         _cannot_run("DESTINATION is the source checkpoint: write the new layout elsewhere")
     options: dict[str, Any] = {"storage_options": storage_options_for(source),
-                               "destination_options": storage_options_for(destination)}
+                               "destination_options": storage_options_for(destination),
+                               "gap_budget": gap_budget}
     try:
         if err.is_terminal:
             with Progress("[progress.description]{task.description}", BarColumn(),

@@ -266,13 +266,13 @@ class RemoteRoot:
 
     def put_file(self, relative: str, source: str) -> None:
         """Upload the local file ``source`` as the object ``relative`` (whole, or not at all:
-        an object store never shows a partial upload)."""
+        an object store never shows a partial upload, so a failed upload is simply retried)."""
         key = self.key(relative)
-        self._call(relative, None, lambda: self.fs.put_file(source, key), retry=False)
+        self._call(relative, None, lambda: self.fs.put_file(source, key))
 
     def put_bytes(self, relative: str, data: bytes) -> None:
         key = self.key(relative)
-        self._call(relative, None, lambda: self.fs.pipe_file(key, data), retry=False)
+        self._call(relative, None, lambda: self.fs.pipe_file(key, data))
 
     def remove(self, relative: str) -> None:
         """Delete the object if it exists."""
@@ -282,7 +282,7 @@ class RemoteRoot:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(key)
 
-        self._call(relative, None, remove, retry=False)
+        self._call(relative, None, remove)
 
     def names(self) -> list[str]:
         """Relative names of the objects under the prefix (for a writer's clean-up only: a
@@ -293,21 +293,21 @@ class RemoteRoot:
             except FileNotFoundError:
                 return []
 
-        found = self._call(".", None, find, retry=False)
+        found = self._call(".", None, find)
         start = len(self.prefix) + 1
         return sorted(name[start:] for name in found if name.startswith(self.prefix + "/"))
 
     # --- errors and retries -----------------------------------------------------------------
 
-    def _call(self, relative: str, byte_range: tuple[int, int] | None, attempt: Callable[[], T],
-              *, retry: bool = True) -> T:
+    def _call(self, relative: str, byte_range: tuple[int, int] | None,
+              attempt: Callable[[], T]) -> T:
         """Run ``attempt``, retrying what may pass on another try (a 5xx, throttling, a dropped
         connection, a short body); missing objects and refused credentials are not retried.
         Every storage failure becomes a finding naming the object."""
         where = self.url_of(relative) if relative != "." else self.url
         if byte_range is not None:
             where += f" bytes {byte_range[0]}..{byte_range[1]}"
-        tries = RETRIES if retry else 1
+        tries = RETRIES
         for number in range(1, tries + 1):
             try:
                 return attempt()

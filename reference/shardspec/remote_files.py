@@ -11,12 +11,16 @@ from .limits import MAX_SAFETENSORS_HEADER_BYTES
 from .remote import ObjectVersion, RemoteRoot
 from .safetensors_header import Header, read_header
 
-__all__ = ["HEADER_PROBE", "PARTIAL_HEADER_PROBE", "RemoteReader", "read_remote_header",
-           "remote_version"]
+__all__ = ["FILES_IN_FLIGHT", "HEADER_PROBE", "PARTIAL_HEADER_PROBE", "RemoteReader",
+           "read_remote_header", "remote_version"]
 
 #: Bytes asked for first, to get a file's header in one request when the whole file is read
 #: anyway (the data bytes that come with it are used).
 HEADER_PROBE = 64 * 1024
+
+#: Objects of one rank fetched (or validated with checksums) at the same time, each with its
+#: own ranged requests.
+FILES_IN_FLIGHT = 4
 
 #: The same for a resharding rank, which may want none of the data bytes that come with it.
 PARTIAL_HEADER_PROBE = 16 * 1024

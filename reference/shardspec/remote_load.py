@@ -19,13 +19,10 @@ from .errors import Finding, IntegrityError
 from .host_memory import fresh_buffer
 from .plan import FilePlan
 from .remote import RemoteRoot
-from .remote_files import read_remote_header, remote_version
+from .remote_files import FILES_IN_FLIGHT, read_remote_header, remote_version
 from .safetensors_header import Header
 
-__all__ = ["FILES_IN_FLIGHT", "read_remote_file", "read_remote_files"]
-
-#: Data files of one rank fetched at the same time (each with its own ranged requests).
-FILES_IN_FLIGHT = 4
+__all__ = ["read_remote_file", "read_remote_files"]
 
 
 def read_remote_file(

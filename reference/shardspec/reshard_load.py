@@ -142,12 +142,15 @@ def execute_reshard(
     verify: bool = False,
     stats: ReadStats | None = None,
     separate: bool = False,
+    gap_budget: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """Read ``plan``'s pieces onto ``device``; aliases share their target's storage.
 
     The pieces are filled in one host buffer (``separate``: one allocation per tensor, as a
-    writer wants them), moved to ``device`` at the end.
+    writer wants them), moved to ``device`` at the end. ``gap_budget`` (from object storage;
+    default :data:`REMOTE_GAP_BUDGET`) bounds the gap bytes fetched to save requests.
     """
+    budget = REMOTE_GAP_BUDGET if gap_budget is None else gap_budget
     stats = stats if stats is not None else ReadStats()
     stats.target_bytes += plan.target_bytes
     out = _allocate(plan.pieces, separate)
@@ -163,7 +166,7 @@ def execute_reshard(
 
     def read(item: tuple[FilePlan, list[tuple[str, TargetPiece, SourcePiece]], ReadStats]
              ) -> None:
-        _read_file(root, item[0], item[1], out, _Scratch(), item[2], verify)
+        _read_file(root, item[0], item[1], out, _Scratch(), item[2], verify, budget)
 
     # Files are read concurrently: reads of different files overlap each other and the copies
     # (preadv and numpy's copy release the GIL). Each file's boxes land in disjoint bytes.
@@ -241,9 +244,10 @@ def _read_file(
     scratch: _Scratch,
     stats: ReadStats,
     verify: bool,
+    gap_budget: float,
 ) -> None:
     if isinstance(root, RemoteRoot):
-        _read_remote_file(root, plan, jobs, out, stats, verify)
+        _read_remote_file(root, plan, jobs, out, stats, verify, gap_budget)
         return
     record = plan.record
     handle, size = open_inside(root, record.path)
@@ -273,6 +277,7 @@ def _read_remote_file(
     out: dict[str, torch.Tensor],
     stats: ReadStats,
     verify: bool,
+    gap_budget: float,
 ) -> None:
     """:func:`_read_file` of an object: the same checks, then every box's runs as ranged
     requests, and the object's version compared once they are in (SPEC 9.3)."""
@@ -284,7 +289,7 @@ def _read_remote_file(
     plan.check_header(header)
     if verify:
         _verify(RemoteReader(root, record.path, record.size), record, stats)
-    reads = _RemoteReads(root, stats, record.path, prefix)
+    reads = _RemoteReads(root, stats, record.path, prefix, gap_budget)
     for name, target, source in sorted(jobs, key=lambda job: header.entries[job[0]].begin):
         # Boxes read through a scratch buffer are copied after every request is in: each box
         # gets a scratch buffer of its own.
@@ -371,7 +376,7 @@ def _read_box(
     if _extent(box, src_strides, 0) == volume and _extent(box, dst_strides, 0) == volume:
         reads.add(base, out[dst_start : dst_start + volume])
         return
-    reads.flush()  # keep the file's reads in order
+    reads.barrier()  # keep the file's reads in order
     # Dims whose repetition leaves a gap over COALESCE_GAP become separate reads.
     level = 0
     for d in range(len(box) - 1):
@@ -448,6 +453,10 @@ class _Reads:
         self.stats.data_bytes += sum(map(len, views))
         self.stats.reads += pread_into(self.fd, views, position, self.path)
 
+    def barrier(self) -> None:
+        """Issue the reads gathered so far before the next ones."""
+        self.flush()
+
     def then(self, copy: Callable[[], object]) -> None:
         """Run ``copy`` once the reads so far are done (they are: :meth:`read` waits)."""
         copy()
@@ -458,15 +467,16 @@ class _RemoteReads:
     requests, :data:`~shardspec.remote.REQUESTS_IN_FLIGHT` at once. Bytes that came with the
     header's request (``prefix``) are not asked again. Neighbouring runs share a request when
     the gap between them is among the smallest, while everything asked of the object, the
-    header's request included, stays within :data:`REMOTE_GAP_BUDGET` of the wanted bytes (a
+    header's request included, stays within ``gap_budget`` x the wanted bytes (a
     request costs a round trip, a gap only bytes). Copies out of scratch buffers run after the
     last request."""
 
     #: Every gap is left to :meth:`flush`'s budget.
     coalesce_gap = 0
 
-    def __init__(self, root: RemoteRoot, stats: ReadStats, path: str, prefix: bytes) -> None:
-        self.root, self.stats, self.path = root, stats, path
+    def __init__(self, root: RemoteRoot, stats: ReadStats, path: str, prefix: bytes,
+                 gap_budget: float) -> None:
+        self.root, self.stats, self.path, self.gap_budget = root, stats, path, gap_budget
         self.prefix = memoryview(prefix)
         self.targets: list[tuple[int, memoryview]] = []
         self.copies: list[Callable[[], object]] = []
@@ -477,6 +487,9 @@ class _RemoteReads:
             self.targets.append((position, view))
 
     read = add
+
+    def barrier(self) -> None:
+        """Nothing: every run of the object is planned together in :meth:`flush`."""
 
     def then(self, copy: Callable[[], object]) -> None:
         self.copies.append(copy)
@@ -495,7 +508,7 @@ class _RemoteReads:
             if len(view):
                 rest.append((position, view))
         unwanted = have - (wanted - sum(len(view) for _, view in rest))
-        allowance = max(0.0, REMOTE_GAP_BUDGET * wanted - unwanted)
+        allowance = max(0.0, self.gap_budget * wanted - unwanted)
         requests = _requests(rest, allowance, REQUEST_BYTES)
 
         def fetch(request: tuple[int, int, list[tuple[int, memoryview]]]) -> None:
@@ -580,11 +593,13 @@ def reshard(
     progress: Callable[[int, int], None] | None = None,
     storage_options: dict[str, Any] | None = None,
     destination_options: dict[str, Any] | None = None,
+    gap_budget: float | None = None,
 ) -> Manifest:
     """Write the checkpoint at ``source`` again at ``destination`` with ``layout``.
 
     Either may be an object-storage URL: ``storage_options`` configure the source's fsspec
     filesystem, ``destination_options`` the destination's (default: the source's).
+    ``gap_budget`` is :func:`execute_reshard`'s, for a source in object storage.
 
     One target rank is in memory at a time. Quantization, logical records, metadata,
     extensions and extra files carry over; extra files are checked against their recorded
@@ -613,7 +628,7 @@ def reshard(
     with tempfile.TemporaryDirectory(prefix="shardspec-extras-") as folder:
         extras = _extra_sources(src, manifest, Path(folder))
         return _write_resharded(src, dst, manifest, plans, draft, extras, overwrite, verify,
-                                progress)
+                                progress, gap_budget)
 
 
 def _same_place(src: Location, dst: Location) -> bool:
@@ -640,7 +655,7 @@ def _extra_sources(src: Location, manifest: Manifest, folder: Path) -> dict[str,
 def _write_resharded(
     src: Location, dst: Location, manifest: Manifest, plans: list[ReshardPlan], draft: Manifest,
     extras: dict[str, Path], overwrite: bool, verify: bool,
-    progress: Callable[[int, int], None] | None,
+    progress: Callable[[int, int], None] | None, gap_budget: float | None,
 ) -> Manifest:
     prepare_directory(dst, overwrite)
     records: dict[str, FileRecord] = {}
@@ -649,7 +664,8 @@ def _write_resharded(
     if progress is not None:
         progress(done, total)
     for plan in plans:
-        state = execute_reshard(src, manifest, plan, cpu, verify=verify, separate=True)
+        state = execute_reshard(src, manifest, plan, cpu, verify=verify, separate=True,
+                                gap_budget=gap_budget)
         records.update({f.path: f for f in write_rank(dst, plan.rank, state, draft)})
         del state
         done += plan.target_bytes

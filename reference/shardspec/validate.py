@@ -21,8 +21,13 @@ from .manifest import FileRecord, Manifest
 from .parse import read_manifest
 from .paths import open_inside
 from .plan import FilePlan, plan_ranks
-from .remote import RemoteRoot
-from .remote_files import RemoteReader, read_remote_header, remote_version
+from .remote import REQUESTS_IN_FLIGHT, RemoteRoot
+from .remote_files import (
+    FILES_IN_FLIGHT,
+    RemoteReader,
+    read_remote_header,
+    remote_version,
+)
 from .safetensors_header import read_header
 
 __all__ = ["Report", "validate"]
@@ -111,8 +116,12 @@ def _check_files(
     checks += [partial(_check_plain_file, root, record, digest, progress)
                for record in manifest.extra_files]
     # Hashing releases the GIL: with checksums, files are verified a few at a time so that
-    # SHA-256 (about 1.7 GB/s a core) keeps up with a fast disk. Findings keep file order.
-    workers = min(_HASH_WORKERS, len(checks)) if checksums else 1
+    # SHA-256 (about 1.7 GB/s a core) keeps up with a fast disk. Objects in storage are checked
+    # several at once even without checksums: each costs round trips. Findings keep file order.
+    if isinstance(root, RemoteRoot):
+        workers = min(FILES_IN_FLIGHT if checksums else REQUESTS_IN_FLIGHT, len(checks))
+    else:
+        workers = min(_HASH_WORKERS, len(checks)) if checksums else 1
     with ThreadPoolExecutor(max_workers=max(workers, 1)) as pool:
         run = pool.map if workers > 1 else map
         for findings, verified in run(lambda check: check(), checks):

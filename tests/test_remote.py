@@ -25,7 +25,7 @@ from shardspec import Layout
 from shardspec.cli import app
 from shardspec.convert import convert
 from shardspec.limits import MANIFEST_NAME
-from shardspec.remote import RemoteRoot, is_remote, local_path
+from shardspec.remote import ObjectVersion, RemoteRoot, is_remote, local_path
 from shardspec.reshard_load import ReadStats, _requests, load_resharded, reshard
 
 
@@ -82,7 +82,11 @@ def test_file_urls_take_the_local_path(tmp_path: Path) -> None:
     assert isinstance(checkpoint.path, Path) and not checkpoint.is_remote
 
 
-@pytest.mark.parametrize("relative", ["../outside", "/abs", "a//b", "a/./b", "a\\b", ""])
+@pytest.mark.parametrize("relative", [
+    "../outside", "/abs", "a//b", "a/./b", "a\\b", "",
+    # SPEC 2.4 rule 1: what URLs and store clients give a meaning
+    "%2e%2e/%2e%2e/secret", "x.safetensors?versionId=1", "a#fragment", "a\x01b", "a\x7fb",
+])
 def test_a_manifest_path_cannot_name_an_object_outside_the_prefix(relative: str) -> None:
     root = RemoteRoot("memory://bucket/ck")
     with pytest.raises(shardspec.PathError) as caught:
@@ -212,6 +216,47 @@ def test_a_missing_or_truncated_object(tmp_path: Path, prefix: str) -> None:
     assert [f.code for f in report.errors] == ["file-missing"]
 
 
+def test_a_store_without_versions_verifies_checksums(tmp_path: Path, prefix: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC 9.3: with no version to compare, the reader checks the sha256 instead."""
+    manifest = big_model(tmp_path / "ck")
+    damaged = tmp_path / "ck" / manifest.ranks[0].files[0].path
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 0xFF  # same size, other bytes
+    damaged.write_bytes(bytes(data))
+    upload(tmp_path / "ck", prefix)
+    original = RemoteRoot.version
+
+    def unversioned(self: RemoteRoot, relative: str) -> ObjectVersion:
+        return ObjectVersion(original(self, relative).size, ())
+
+    monkeypatch.setattr(RemoteRoot, "version", unversioned)
+    shardspec.load_rank(prefix, 1, "cpu")  # rank 1's object is intact
+    for layout in (None, Layout(tp_size=4)):  # no verify asked: verified all the same
+        with pytest.raises(shardspec.IntegrityError) as caught:
+            shardspec.load_rank(prefix, 0, "cpu", layout=layout)
+        assert caught.value.code == "checksum-mismatch"
+
+
+def test_a_manifest_replaced_while_read_is_an_error(tmp_path: Path, prefix: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny = make_tiny(tmp_path / "ck")
+    upload(tiny.path, prefix)
+    fs, root = fsspec.core.url_to_fs(prefix)
+    original = RemoteRoot.read
+
+    def read_then_replace(self: RemoteRoot, relative: str, start: int, end: int) -> bytes:
+        data = original(self, relative, start, end)
+        if relative == MANIFEST_NAME:
+            fs.pipe_file(f"{root}/{MANIFEST_NAME}", data + b" ")  # a new version, longer
+        return data
+
+    monkeypatch.setattr(RemoteRoot, "read", read_then_replace)
+    with pytest.raises(shardspec.IntegrityError) as caught:
+        shardspec.open(prefix)
+    assert caught.value.code == "object-changed" and MANIFEST_NAME in str(caught.value)
+
+
 def test_a_prefix_without_a_manifest_is_not_a_checkpoint(tmp_path: Path, prefix: str) -> None:
     """SPEC 2.4 rule 2: data objects without a manifest (a failed upload) are not read."""
     tiny = make_tiny(tmp_path / "ck")
@@ -331,6 +376,30 @@ def test_the_cli_reads_a_prefix(tmp_path: Path, prefix: str) -> None:
     assert result.exit_code == 1 and "not-committed" in result.output
 
 
+def test_the_cli_takes_file_urls(tmp_path: Path) -> None:
+    make_tiny(tmp_path / "ck")
+    result = CliRunner().invoke(app, ["validate", f"file://{tmp_path / 'ck'}"])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("args", [["merge", "memory://a/ck", "out"],
+                                  ["merge", "ck", "memory://a/hf"],
+                                  ["import-vllm", "memory://a/vllm"],
+                                  ["convert", "memory://a/hf", "out", "--tp", "2"]])
+def test_commands_for_local_directories_refuse_urls(args: list[str]) -> None:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "local" in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_resharding_onto_the_source_prefix_is_refused(tmp_path: Path, prefix: str) -> None:
+    big_model(prefix)
+    same = prefix.replace("memory://", "memory:///")  # another spelling of the same prefix
+    with pytest.raises(ValueError, match="source"):
+        reshard(prefix, same, Layout(tp_size=4), overwrite=True)
+    assert shardspec.validate(prefix).ok  # nothing of the source was removed
+
+
 def test_the_cli_refuses_bad_storage_options() -> None:
     result = CliRunner().invoke(app, ["--storage-options", "{not json", "validate", "memory://x"])
     assert result.exit_code == 2 and "not JSON" in result.output
@@ -354,9 +423,9 @@ def test_requests_cover_every_target_within_the_allowance(
     assert asked <= wanted * (1 + budget) + 1e-9
     assert all(0 < end - start <= most for start, end, _ in requests)
     assert all(a[1] <= b[0] for a, b in zip(requests, requests[1:], strict=False))
-    for start, end, inside in requests:
-        for at, view in inside:
-            assert at < end and at + len(view) > start  # only targets it overlaps
+    for start, end, inside in requests:  # exactly the targets each request overlaps
+        overlapping = [id(v) for at, v in targets if at < end and at + len(v) > start]
+        assert [id(v) for _, v in inside] == overlapping
     # every wanted byte lies in exactly one request
     covered = sorted((s, e) for s, e, _ in requests)
     for at, view in targets:

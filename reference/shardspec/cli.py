@@ -36,7 +36,7 @@ from .limits import MANIFEST_NAME
 from .location import Location, locate
 from .manifest import Alias, Manifest, TensorRecord, format_version
 from .parse import read_manifest
-from .remote import is_remote
+from .remote import is_remote, local_path
 from .schema import schema_bytes
 from .validate import Report, validate
 
@@ -78,7 +78,7 @@ def storage_options_for(path: str) -> dict[str, Any] | None:
 def location(path: str) -> Location:
     """``path`` as a checkpoint location: a directory that exists, or a storage prefix."""
     if not is_remote(path):
-        local = Path(path)
+        local = Path(local_path(path))
         if not local.exists():
             _cannot_run(f"{path}: no such file or directory")
         if not local.is_dir():

@@ -95,8 +95,8 @@ class _Names(str, Enum):
 
 @app.command("convert")
 def convert_command(
-    src: Annotated[Path, typer.Argument(help="The Hugging Face checkpoint directory.",
-                                        show_default=False)],
+    src: Annotated[str, typer.Argument(help="The Hugging Face checkpoint directory (local).",
+                                       show_default=False)],
     dst: Annotated[str, typer.Argument(
         help="The shardspec checkpoint to write: a directory or a storage URL (s3://...).",
         show_default=False)],
@@ -143,8 +143,9 @@ def convert_command(
 
 @app.command("merge")
 def merge_command(
-    src: Annotated[Path, typer.Argument(help="The shardspec checkpoint.", show_default=False)],
-    dst: Annotated[Path, typer.Argument(help="The Hugging Face directory to write.",
+    src: Annotated[str, typer.Argument(help="The shardspec checkpoint (a local directory).",
+                                       show_default=False)],
+    dst: Annotated[str, typer.Argument(help="The Hugging Face directory to write (local).",
                                         show_default=False)],
     max_shard_size: Annotated[str, typer.Option(
         "--max-shard-size", help="Cap on one shard, as Hugging Face counts it (5GB = 5e9 "
@@ -167,8 +168,8 @@ def merge_command(
 
 @app.command("import-vllm")
 def import_vllm_command(
-    path: Annotated[Path, typer.Argument(help="A directory written by vLLM's "
-                                         "save_sharded_state.", show_default=False)],
+    path: Annotated[str, typer.Argument(help="A local directory written by vLLM's "
+                                        "save_sharded_state.", show_default=False)],
     overwrite: Annotated[bool, typer.Option("--overwrite",
                                             help="Replace an existing manifest.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,

@@ -74,8 +74,8 @@ def reshard_command(
     old: Manifest = _open(source, ignore_extension).manifest
     layout = Layout(tp_size=tp, pp_size=pp or old.layout.pp_size, ep_size=old.layout.ep_size,
                     rank_order=old.layout.rank_order)
-    if (source == destination if is_remote(source) or is_remote(destination) else
-            Path(destination).exists()
+    # (prefixes in object storage are compared by reshard() itself, however they are spelt)
+    if (not is_remote(source) and not is_remote(destination) and Path(destination).exists()
             and os.path.realpath(destination) == os.path.realpath(source)):
         _cannot_run("DESTINATION is the source checkpoint: write the new layout elsewhere")
     options: dict[str, Any] = {"storage_options": storage_options_for(source),

@@ -89,7 +89,7 @@ from .manifest import (
 )
 from .paths import resolve_inside
 from .reader import open_checkpoint
-from .remote import RemoteRoot
+from .remote import RemoteRoot, is_remote
 from .schema import schema_findings
 from .stages import assign_stages
 from .tp_plan import PlanError, TPPlan, match_pattern, resolve_plan, split_dim, split_sizes
@@ -431,7 +431,7 @@ def convert(
         raise PlanError(f"names='vllm' needs tp_size > 1 and pp_size = 1 (got tp={tp_size}, "
                         f"pp={pp_size}): vLLM's sharded-state loader reads tensor-parallel "
                         "checkpoints only")
-    source = HFSource(src)
+    source = HFSource(_local(src, "the Hugging Face checkpoint to convert"))
     root = locate(dst, storage_options)
     if isinstance(root, Path) and root.resolve() == source.root.resolve():
         raise ValueError("the destination must be another directory than the source")
@@ -461,6 +461,14 @@ def convert(
     manifest = finish_manifest(draft, records)
     commit_checkpoint(root, manifest.to_json())
     return manifest
+
+
+def _local(path: str | os.PathLike[str], what: str) -> Path:
+    """``path`` as a local directory; ValueError for an object-storage URL."""
+    if is_remote(os.fspath(path)):
+        raise ValueError(f"{what} must be a local directory, not the URL {os.fspath(path)!r}: "
+                         "copy it to local disk first")
+    return Path(os.fspath(path))
 
 
 def _write_part(root: Location, path: str, outs: list[OutTensor],
@@ -653,8 +661,8 @@ def merge(
     The checkpoint is validated first (with every checksum when ``verify``). Returns the
     weight files written (``model.safetensors``, or the shards and the index, last).
     """
-    source_root = Path(src)
-    root = Path(dst)
+    source_root = _local(src, "the checkpoint to merge")
+    root = _local(dst, "the Hugging Face directory to write")
     if root.resolve() == source_root.resolve():
         raise ValueError("the destination must be another directory than the source")
     checkpoint = open_checkpoint(source_root)
@@ -751,7 +759,7 @@ def import_vllm(
     rewritten or copied: only ``shardspec.json`` is added. Refuses a directory that already
     holds a manifest unless ``overwrite``.
     """
-    root = Path(path)
+    root = _local(path, "the vLLM directory to import")
     if not root.is_dir():
         raise HFError(f"{root}: not a directory")
     if (root / MANIFEST_NAME).exists() and not overwrite:

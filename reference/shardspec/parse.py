@@ -152,7 +152,8 @@ def read_manifest(
 
     try:
         if isinstance(root, RemoteRoot):
-            size = root.version(MANIFEST_NAME).size
+            version = root.version(MANIFEST_NAME)
+            size = version.size
         else:
             handle, size = open_inside(root, MANIFEST_NAME)
     except PathError as exc:
@@ -173,6 +174,7 @@ def read_manifest(
     if isinstance(root, RemoteRoot):
         try:
             data = root.read(MANIFEST_NAME, 0, size)
+            root.check_unchanged(MANIFEST_NAME, version)  # SPEC 9.3: one manifest, not two
         except ShardspecError as exc:
             return ParsedManifest(None, [exc.finding])
     else:

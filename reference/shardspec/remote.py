@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .checks import path_problem
-from .errors import Finding, IntegrityError, PathError, StorageError
+from .errors import Finding, IntegrityError, PathError, ShardspecError, StorageError
 
 __all__ = [
     "REQUEST_BYTES",
@@ -53,6 +53,29 @@ RETRIES = 4
 RETRY_WAIT = 0.05
 
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+#: SPEC 2.4 rule 1: characters that URLs and store clients give a meaning (an escape, a query,
+#: a fragment, s3fs's ``?versionId=``), and control characters.
+_URL_SPECIAL = re.compile(r"[%?#\x00-\x1f\x7f]")
+
+#: Exceptions of these libraries are the store's or the network's answers, worth another try
+#: (the ones that are not, FileNotFoundError and PermissionError, are told apart first).
+_CLIENT_MODULES = frozenset({
+    "aiohttp", "aiobotocore", "botocore", "urllib3", "requests", "http", "fsspec", "s3fs",
+    "gcsfs", "adlfs", "azure", "google", "huggingface_hub", "ssl", "socket",
+})
+
+#: Credential errors of the usual clients: refused before any request is answered.
+_CREDENTIAL_ERRORS = frozenset({
+    "NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
+    "NoAuthTokenError", "ClientAuthenticationError", "DefaultCredentialsError", "RefreshError",
+})
+
+#: Errors of shardspec's own code paths: a bug, never retried or disguised as a storage failure.
+_BUGS = (TypeError, AttributeError, KeyError, IndexError, NameError, AssertionError)
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
 
 #: fsspec ``info`` fields that identify an object's content, most specific first: S3's ETag and
 #: version id, GCS's generation, Azure's etag, the Hub's blob id; memory and local files have
@@ -118,8 +141,6 @@ class RemoteRoot:
             prefix = filesystem._strip_protocol(self.url)
         self.fs = filesystem
         self.prefix = str(prefix).rstrip("/")
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
         #: running totals of the requests made through this root
         self.traffic = Traffic()
         self._traffic_lock = threading.Lock()
@@ -139,6 +160,12 @@ class RemoteRoot:
         if problem:
             raise PathError(Finding(code="path-unsafe", file=relative,
                                     message=f"path is {problem}"))
+        special = _URL_SPECIAL.search(relative)
+        if special:
+            raise PathError(Finding(
+                code="path-unsafe", file=relative,
+                message=f"path has {special.group()!r}, which object-storage URLs give a "
+                "meaning (SPEC 2.4 rule 1: no %, ?, # or control characters)"))
         return f"{self.prefix}/{relative}"
 
     # --- metadata -------------------------------------------------------------------------
@@ -152,9 +179,15 @@ class RemoteRoot:
         if info.get("type") not in (None, "file"):
             raise PathError(Finding(code="file-not-regular", file=relative,
                                     message=f"{self.url_of(relative)} is not an object"))
+        size = info.get("size")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise StorageError(Finding(
+                code="storage-failed", file=relative,
+                message=f"the store reports no size for {self.url_of(relative)} "
+                f"({size!r}): its length cannot be checked (SPEC 9.1)"))
         tag = tuple((name, str(info[name])) for name in _VERSION_FIELDS
                     if info.get(name) not in (None, ""))
-        return ObjectVersion(int(info["size"]), tag)
+        return ObjectVersion(size, tag)
 
     def _fresh_info(self, key: str) -> dict[str, Any]:
         self.fs.invalidate_cache(key)
@@ -203,9 +236,11 @@ class RemoteRoot:
             self.traffic.bytes_read += len(data)
         return data
 
-    def read_into(self, relative: str, start: int, views: Sequence[memoryview]) -> None:
+    def read_into(self, relative: str, start: int, views: Sequence[memoryview],
+                  stop: threading.Event | None = None) -> None:
         """Fill ``views``, which follow each other in the object from ``start``, in requests
-        of at most :data:`REQUEST_BYTES`, several at once."""
+        of at most :data:`REQUEST_BYTES`, several at once. Once ``stop`` is set (another file
+        of the load failed), requests not yet sent are not sent."""
         jobs: list[tuple[int, memoryview]] = []
         position = start
         for view in views:
@@ -214,6 +249,8 @@ class RemoteRoot:
             position += len(view)
 
         def fill(job: tuple[int, memoryview]) -> None:
+            if stop is not None and stop.is_set():
+                raise Cancelled(relative)
             at, view = job
             view[:] = self.read(relative, at, at + len(view))
 
@@ -256,11 +293,14 @@ class RemoteRoot:
                 future.cancel()
 
     def pool(self) -> ThreadPoolExecutor:
-        with self._pool_lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(REQUESTS_IN_FLIGHT,
-                                                thread_name_prefix="shardspec-remote")
-            return self._pool
+        """The process's pool of request threads, shared by every root: the bound on requests
+        in flight. Work in it never submits to it again (no wait on a full pool)."""
+        global _POOL
+        with _POOL_LOCK:
+            if _POOL is None:
+                _POOL = ThreadPoolExecutor(REQUESTS_IN_FLIGHT,
+                                           thread_name_prefix="shardspec-remote")
+            return _POOL
 
     # --- writes (SPEC 10.4) -----------------------------------------------------------------
 
@@ -311,6 +351,8 @@ class RemoteRoot:
         for number in range(1, tries + 1):
             try:
                 return attempt()
+            except (ShardspecError, Cancelled, *_BUGS):
+                raise
             except FileNotFoundError:
                 raise PathError(Finding(code="file-missing", file=relative,
                                         message=f"{where} does not exist")) from None
@@ -324,24 +366,52 @@ class RemoteRoot:
                 raise PathError(Finding(code="file-not-regular", file=relative,
                                         message=f"{where} is not an object")) from None
             except Exception as exc:  # noqa: BLE001 - client libraries raise their own types
-                if number == tries:
+                if _is_credentials_problem(exc):
+                    raise StorageError(Finding(
+                        code="storage-denied", file=relative,
+                        message=f"no usable credentials for {where}: {_reason(exc)}",
+                        hint="give credentials (fsspec storage_options, the environment, or "
+                        "the store's config files), or anon=True for a public bucket")
+                    ) from None
+                if not _is_transient(exc) or number == tries:
                     attempts = f" after {number} attempts" if number > 1 else ""
                     raise StorageError(Finding(
                         code="storage-failed", file=relative,
                         message=f"reading or writing {where} failed{attempts}: "
-                        f"{_reason(exc)}")) from None
+                        f"{type(exc).__name__}: {_reason(exc)}")) from None
             time.sleep(RETRY_WAIT * 2 ** (number - 1))
         raise AssertionError("unreachable")
 
-    def close(self) -> None:
-        with self._pool_lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
 
 
 class _ShortRead(Exception):
     """The storage answered a ranged request with fewer bytes than asked."""
+
+
+class Cancelled(Exception):
+    """A request not sent because the operation it belonged to had already failed."""
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _is_credentials_problem(exc: BaseException) -> bool:
+    return any(type(e).__name__ in _CREDENTIAL_ERRORS for e in _causes(exc))
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """The store's or the network's failure (a 5xx, throttling, a broken connection, a short
+    body), which another try may not meet; not a request the client refused to make."""
+    if isinstance(exc, (_ShortRead, OSError, TimeoutError)):
+        return True
+    return any(type(e).__module__.split(".")[0] in _CLIENT_MODULES
+               and not isinstance(e, ValueError) for e in _causes(exc))
 
 
 def _reason(exc: BaseException) -> str:

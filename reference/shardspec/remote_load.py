@@ -10,6 +10,7 @@ is taken again: an object replaced while it was read is an error, not torn tenso
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -26,18 +27,22 @@ __all__ = ["read_remote_file", "read_remote_files"]
 
 
 def read_remote_file(
-    root: RemoteRoot, plan: FilePlan, verify: bool
+    root: RemoteRoot, plan: FilePlan, verify: bool, stop: threading.Event | None = None
 ) -> tuple[Header, torch.Tensor]:
-    """The header and the data region (a host uint8 tensor) of one planned data file."""
+    """The header and the data region (a host uint8 tensor) of one planned data file.
+
+    Verified whenever the store reports no version to compare (SPEC 9.3). ``stop`` set: the
+    load failed elsewhere, send no more requests."""
     record = plan.record
     before = remote_version(root, record.path, record.size)
+    verify = verify or not before.tag
     header, prefix = read_remote_header(root, record.path, record.size)
     plan.check_header(header)
     buffer = fresh_buffer(record.size - header.data_start)
     view = memoryview(buffer.numpy())  # type: ignore[arg-type]
     have = len(prefix) - header.data_start  # data bytes that came with the header
     view[:have] = prefix[header.data_start:]
-    root.read_into(record.path, len(prefix), [view[have:]])
+    root.read_into(record.path, len(prefix), [view[have:]], stop)
     if verify:
         digest = hashlib.sha256(header.header_bytes)
         digest.update(view)
@@ -58,12 +63,14 @@ def read_remote_files(
         for plan in plans:
             yield (plan, *read_remote_file(root, plan, verify))
         return
+    stop = threading.Event()
     with ThreadPoolExecutor(min(FILES_IN_FLIGHT, len(plans)),
                             thread_name_prefix="shardspec-remote-file") as pool:
-        futures = [pool.submit(read_remote_file, root, plan, verify) for plan in plans]
+        futures = [pool.submit(read_remote_file, root, plan, verify, stop) for plan in plans]
         try:
             for plan, future in zip(plans, futures, strict=True):
                 yield (plan, *future.result())
         finally:
+            stop.set()  # a failure (or an abandoned load): the other files stop asking
             for future in futures:
                 future.cancel()

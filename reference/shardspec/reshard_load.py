@@ -287,7 +287,7 @@ def _read_remote_file(
     header, prefix = read_remote_header(root, record.path, record.size, PARTIAL_HEADER_PROBE)
     stats.header_bytes += len(prefix)
     plan.check_header(header)
-    if verify:
+    if verify or not before.tag:  # no version to compare: the checksum decides (SPEC 9.3)
         _verify(RemoteReader(root, record.path, record.size), record, stats)
     reads = _RemoteReads(root, stats, record.path, prefix, gap_budget)
     for name, target, source in sorted(jobs, key=lambda job: header.entries[job[0]].begin):
@@ -632,8 +632,12 @@ def reshard(
 
 
 def _same_place(src: Location, dst: Location) -> bool:
+    """Whether writing ``dst`` would overwrite ``src``: the same directory, or the same prefix
+    of the same kind of store however the URL spells it (``s3://`` and ``s3a://``)."""
+    if isinstance(src, RemoteRoot) and isinstance(dst, RemoteRoot):
+        return type(src.fs) is type(dst.fs) and src.prefix == dst.prefix
     if isinstance(src, RemoteRoot) or isinstance(dst, RemoteRoot):
-        return str(src) == str(dst)
+        return False
     return dst.exists() and os.path.realpath(dst) == os.path.realpath(src)
 
 
@@ -645,10 +649,12 @@ def _extra_sources(src: Location, manifest: Manifest, folder: Path) -> dict[str,
     extras = {}
     for index, record in enumerate(manifest.extra_files):
         local = folder / str(index)
+        before = remote_version(src, record.path, record.size)
         with local.open("wb") as handle:
             for chunk in src.stream(record.path, 0, record.size):
                 handle.write(chunk)
-        extras[record.path] = local
+        src.check_unchanged(record.path, before)
+        extras[record.path] = local  # its sha256 is compared with the record when copied
     return extras
 
 

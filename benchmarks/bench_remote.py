@@ -7,6 +7,8 @@ rotating order in each repeat:
 
 * ``shardspec``      - ``shardspec.open(url).load_rank(rank)``: the manifest, then ranged
   requests for the rank's own objects only, several in flight, into memory;
+* ``shardspec-1req`` - the same with one request for each object's data region
+  (``REQUEST_BYTES`` raised past the object): the cost of the requests themselves on this server;
 * ``download-all``   - the whole checkpoint prefix downloaded to local disk (``fs.get``), then
   ``shardspec.load_rank`` from there: what a user does with ``aws s3 sync`` first;
 * ``download-rank``  - only the manifest and the rank's files downloaded (what ``shardspec
@@ -27,7 +29,9 @@ Bytes fetched are counted by the client (shardspec's ``RemoteRoot.traffic``; the
 for the others). There is no client cache to warm: every remote read goes to the server, which
 holds the objects in memory; the downloaded copies are written fresh each repeat. The server
 shares the machine's cores with the client, so absolute rates are the server's, not S3's: read
-the ratios.
+the ratios. Moto answers a ranged GET by copying the whole object first, so on it a request
+costs in proportion to the object's size, which is not how S3 behaves: ``shardspec-1req`` shows
+that share.
 
 This is a benchmark, not a test: it exits non-zero only when loaded tensors are wrong.
 
@@ -58,7 +62,7 @@ from safetensors.torch import save as st_save
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shardspec  # noqa: E402
-from shardspec import Layout, reshard_load  # noqa: E402
+from shardspec import Layout, remote, reshard_load  # noqa: E402
 from shardspec.limits import MANIFEST_NAME  # noqa: E402
 from shardspec.remote import RemoteRoot  # noqa: E402
 from synthetic import make_weights, model_spec  # noqa: E402
@@ -179,6 +183,18 @@ def main(argv: list[str] | None = None) -> int:
             fetched["shardspec"] = ckpt.path.traffic.bytes_read
             return tensors
 
+        def c_shardspec_1req() -> dict[str, torch.Tensor]:
+            saved = remote.REQUEST_BYTES
+            remote.REQUEST_BYTES = 1 << 40  # one request per object's data region
+            try:
+                ckpt = shardspec.open(url, storage_options=options)
+                tensors = ckpt.load_rank(rank, "cpu")
+            finally:
+                remote.REQUEST_BYTES = saved
+            assert isinstance(ckpt.path, RemoteRoot)
+            fetched["shardspec-1req"] = ckpt.path.traffic.bytes_read
+            return tensors
+
         def c_download_all() -> dict[str, torch.Tensor]:
             target = fresh_dir("all")
             fs.get(f"{BUCKET}/tp{tp}/", str(target), recursive=True)
@@ -205,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             fetched["st-whole"] = whole_bytes
             return slice_rank(whole, spec, tp, rank)
 
-        contenders = {"shardspec": c_shardspec, "download-all": c_download_all,
+        contenders = {"shardspec": c_shardspec, "shardspec-1req": c_shardspec_1req,
+                      "download-all": c_download_all,
                       "download-rank": c_download_rank, "st-rank": c_st_rank,
                       "st-whole": c_st_whole}
         times: dict[str, list[float]] = {name: [] for name in contenders}
@@ -217,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                 check(result, expected, name)
                 del result
                 times[name].append(seconds)
+                print(f"repeat {repeat + 1}: {name} {seconds:.3f} s", file=sys.stderr)
 
         # resharding on load: twice the TP size, the last rank; bytes asked vs piece bytes
         target = Layout(tp_size=2 * tp)
@@ -234,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                             "piece_bytes": piece_bytes, "requests": traffic.reads - 1,
                             "ratio": asked / piece_bytes})
             del resharded
+            print(f"reshard, gap budget {budget}: {seconds:.2f} s", file=sys.stderr)
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)

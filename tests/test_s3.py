@@ -150,7 +150,18 @@ def test_a_missing_object_is_named(
     shardspec.load_rank(url, 0, "cpu", storage_options=options)
 
 
-def test_a_truncated_object_is_refused_before_its_bytes_are_read(
+def test_the_manifest_is_one_request_and_an_empty_one_is_a_syntax_error(
+        s3_server: S3Server, saved: tuple[str, dict[str, Any], shardspec.Manifest, Path]) -> None:
+    url, options, _, _ = saved
+    shardspec.open(url, storage_options=options)
+    assert [(r.method, r.key) for r in s3_server.requests()] == [("GET", f"ck/{MANIFEST_NAME}")]
+    s3_server.put_object(url.split("/")[2], f"ck/{MANIFEST_NAME}", b"")
+    with pytest.raises(shardspec.ManifestSyntaxError) as caught:
+        shardspec.open(url, storage_options=options)
+    assert caught.value.code == "json-syntax"
+
+
+def test_a_truncated_object_is_refused_before_its_data_is_read(
         s3_server: S3Server, saved: tuple[str, dict[str, Any], shardspec.Manifest, Path]) -> None:
     url, options, manifest, local = saved
     bucket = url.split("/")[2]

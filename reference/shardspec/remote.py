@@ -236,6 +236,17 @@ class RemoteRoot:
             self.traffic.bytes_read += len(data)
         return data
 
+    def read_whole(self, relative: str, limit: int) -> bytes:
+        """The object's bytes with one request, or its first ``limit`` bytes when it is longer
+        (the caller refuses it then): one request is one version of the object."""
+        key = self.key(relative)
+        data = self._call(relative, None,
+                          lambda: bytes(self.fs.cat_file(key, start=0, end=limit)))
+        with self._traffic_lock:
+            self.traffic.reads += 1
+            self.traffic.bytes_read += len(data)
+        return data
+
     def read_into(self, relative: str, start: int, views: Sequence[memoryview],
                   stop: threading.Event | None = None) -> None:
         """Fill ``views``, which follow each other in the object from ``start``, in requests

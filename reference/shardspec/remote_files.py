@@ -12,7 +12,7 @@ from .remote import ObjectVersion, RemoteRoot
 from .safetensors_header import Header, read_header
 
 __all__ = ["FILES_IN_FLIGHT", "HEADER_PROBE", "PARTIAL_HEADER_PROBE", "RemoteReader",
-           "read_remote_header", "remote_version"]
+           "open_object", "read_remote_header", "remote_version"]
 
 #: Bytes asked for first, to get a file's header in one request when the whole file is read
 #: anyway (the data bytes that come with it are used).
@@ -41,7 +41,11 @@ def read_remote_header(root: RemoteRoot, relative: str, size: int,
                        probe: int = HEADER_PROBE) -> tuple[Header, bytes]:
     """The checked header (SPEC 6.3) and every byte fetched for it (a prefix of the object):
     ``probe`` bytes first, the rest of a longer header with a second request."""
-    prefix = root.read(relative, 0, min(size, probe))
+    return _finish_header(root, relative, size, root.read(relative, 0, min(size, probe)))
+
+
+def _finish_header(root: RemoteRoot, relative: str, size: int, prefix: bytes
+                   ) -> tuple[Header, bytes]:
     if len(prefix) >= 8:
         (length,) = struct.unpack("<Q", prefix[:8])
         end = 8 + length
@@ -49,6 +53,16 @@ def read_remote_header(root: RemoteRoot, relative: str, size: int,
         if length <= MAX_SAFETENSORS_HEADER_BYTES and len(prefix) < end <= size:
             prefix += root.read(relative, len(prefix), end)
     return read_header(io.BytesIO(prefix), size, relative), prefix
+
+
+def open_object(root: RemoteRoot, relative: str, size: int, probe: int = HEADER_PROBE
+                ) -> tuple[ObjectVersion, Header, bytes]:
+    """:func:`remote_version`, then :func:`read_remote_header`. In this order, not in flight
+    together: a version taken after the header's request was answered could belong to an
+    object that replaced the one the header came from, and the check of SPEC 9.3 would pass
+    on torn bytes."""
+    version = remote_version(root, relative, size)
+    return version, *read_remote_header(root, relative, size, probe)
 
 
 class RemoteReader:

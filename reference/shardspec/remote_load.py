@@ -20,7 +20,7 @@ from .errors import Finding, IntegrityError
 from .host_memory import fresh_buffer
 from .plan import FilePlan
 from .remote import RemoteRoot
-from .remote_files import FILES_IN_FLIGHT, read_remote_header, remote_version
+from .remote_files import FILES_IN_FLIGHT, open_object
 from .safetensors_header import Header
 
 __all__ = ["read_remote_file", "read_remote_files"]
@@ -34,9 +34,8 @@ def read_remote_file(
     Verified whenever the store reports no version to compare (SPEC 9.3). ``stop`` set: the
     load failed elsewhere, send no more requests."""
     record = plan.record
-    before = remote_version(root, record.path, record.size)
+    before, header, prefix = open_object(root, record.path, record.size)
     verify = verify or not before.tag
-    header, prefix = read_remote_header(root, record.path, record.size)
     plan.check_header(header)
     buffer = fresh_buffer(record.size - header.data_start)
     view = memoryview(buffer.numpy())  # type: ignore[arg-type]

@@ -40,12 +40,7 @@ from .paths import open_inside, resolve_inside
 from .plan import FilePlan, plan_ranks
 from .reads import pread_into
 from .remote import REQUEST_BYTES, RemoteRoot, is_remote
-from .remote_files import (
-    PARTIAL_HEADER_PROBE,
-    RemoteReader,
-    read_remote_header,
-    remote_version,
-)
+from .remote_files import PARTIAL_HEADER_PROBE, RemoteReader, open_object, remote_version
 from .reshard_plan import Resharder, ReshardPlan, SourcePiece, TargetPiece
 from .safetensors_header import Header, read_header
 from .writer import (
@@ -283,8 +278,7 @@ def _read_remote_file(
     requests, and the object's version compared once they are in (SPEC 9.3)."""
     record = plan.record
     stats.files_opened.append(record.path)
-    before = remote_version(root, record.path, record.size)
-    header, prefix = read_remote_header(root, record.path, record.size, PARTIAL_HEADER_PROBE)
+    before, header, prefix = open_object(root, record.path, record.size, PARTIAL_HEADER_PROBE)
     stats.header_bytes += len(prefix)
     plan.check_header(header)
     if verify or not before.tag:  # no version to compare: the checksum decides (SPEC 9.3)

@@ -151,6 +151,20 @@ def refresh_record(root: Path, path: str) -> None:
 # --- a tiny checkpoint -----------------------------------------------------------------------
 
 
+def tp_states(
+    tensors: dict[str, tuple[torch.Tensor, int | None]], tp: int
+) -> tuple[dict[int, dict[str, torch.Tensor]], dict[int, dict[str, Shard]]]:
+    """Each rank's pieces of global tensors (name -> (tensor, split dim or None)) at TP=``tp``,
+    and their Shards: what shardspec.save takes."""
+    states: dict[int, dict[str, torch.Tensor]] = {r: {} for r in range(tp)}
+    sharding: dict[int, dict[str, Shard]] = {r: {} for r in range(tp)}
+    for name, (tensor, dim) in tensors.items():
+        for rank, (piece, shard) in enumerate(shardspec.split(tensor, dim, tp)):
+            states[rank][name] = piece
+            sharding[rank][name] = shard
+    return states, sharding
+
+
 @dataclass
 class Tiny:
     """A TP=2 checkpoint on disk and, per rank, the tensors a reader must return."""

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import shardspec
-from conftest import assert_same_tensor, make_tiny
+from conftest import assert_same_tensor, make_tiny, tp_states
 from hf_helpers import llama_tensors, write_hf_dir
 from shardspec import Layout
 from shardspec.cli import app
@@ -50,18 +50,11 @@ def upload(directory: Path, url: str) -> None:
 def big_model(path: Path | str, tp: int = 2) -> shardspec.Manifest:
     """A TP checkpoint with enough bytes that headers do not dominate what a rank reads."""
     gen = torch.Generator().manual_seed(7)
-    tensors = {
-        "col.weight": torch.randn(512, 256, generator=gen),
-        "row.weight": torch.randn(256, 512, generator=gen),
-        "norm.weight": torch.randn(256, generator=gen),
-    }
-    dims = {"col.weight": 0, "row.weight": 1, "norm.weight": None}
-    states: dict[int, dict[str, torch.Tensor]] = {r: {} for r in range(tp)}
-    sharding: dict[int, dict[str, shardspec.Shard]] = {r: {} for r in range(tp)}
-    for name, tensor in tensors.items():
-        for rank, (piece, shard) in enumerate(shardspec.split(tensor, dims[name], tp)):
-            states[rank][name] = piece
-            sharding[rank][name] = shard
+    states, sharding = tp_states({
+        "col.weight": (torch.randn(512, 256, generator=gen), 0),
+        "row.weight": (torch.randn(256, 512, generator=gen), 1),
+        "norm.weight": (torch.randn(256, generator=gen), None),
+    }, tp)
     return shardspec.save(states, path, layout=Layout(tp_size=tp), sharding=sharding,
                           overwrite=True)
 

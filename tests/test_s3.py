@@ -15,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 import shardspec
-from conftest import assert_same_tensor
+from conftest import assert_same_tensor, tp_states
 from hf_helpers import llama_tensors, write_hf_dir
 from shardspec import Layout, remote
 from shardspec.cli import app
@@ -40,18 +40,12 @@ def model(tp: int) -> tuple[dict[str, torch.Tensor], dict[int, dict[str, torch.T
     TP split: column-parallel, row-parallel and replicated."""
     gen = torch.Generator().manual_seed(11)
     tensors = {
-        "col.weight": torch.randn(1024, 512, generator=gen),
-        "row.weight": torch.randn(512, 1024, generator=gen).to(torch.bfloat16),
-        "norm.weight": torch.randn(512, generator=gen),
+        "col.weight": (torch.randn(1024, 512, generator=gen), 0),
+        "row.weight": (torch.randn(512, 1024, generator=gen).to(torch.bfloat16), 1),
+        "norm.weight": (torch.randn(512, generator=gen), None),
     }
-    dims = {"col.weight": 0, "row.weight": 1, "norm.weight": None}
-    states: dict[int, dict[str, torch.Tensor]] = {r: {} for r in range(tp)}
-    sharding: dict[int, dict[str, shardspec.Shard]] = {r: {} for r in range(tp)}
-    for name, tensor in tensors.items():
-        for rank, (piece, shard) in enumerate(shardspec.split(tensor, dims[name], tp)):
-            states[rank][name] = piece
-            sharding[rank][name] = shard
-    return tensors, states, sharding
+    states, sharding = tp_states(tensors, tp)
+    return {name: tensor for name, (tensor, _) in tensors.items()}, states, sharding
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from typing import Any, TypeAlias
 
 from .remote import RemoteRoot, is_remote, local_path
 
-__all__ = ["Location", "PathOrURL", "describe", "locate"]
+__all__ = ["Location", "PathOrURL", "locate"]
 
 Location: TypeAlias = Path | RemoteRoot
 PathOrURL: TypeAlias = "str | os.PathLike[str] | RemoteRoot"
@@ -34,7 +34,3 @@ def locate(path: PathOrURL, storage_options: dict[str, Any] | None = None) -> Lo
                          f"not to the local path {str(path)!r}")
     return Path(local_path(os.fspath(path)))
 
-
-def describe(location: Location) -> str:
-    """The location as a user wrote it: a path or a URL."""
-    return str(location)

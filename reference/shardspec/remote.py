@@ -193,15 +193,6 @@ class RemoteRoot:
         self.fs.invalidate_cache(key)
         return dict(self.fs.info(key))
 
-    def exists(self, relative: str) -> bool:
-        try:
-            self.version(relative)
-        except PathError as exc:
-            if exc.code == "file-missing":
-                return False
-            raise
-        return True
-
     def check_unchanged(self, relative: str, before: ObjectVersion) -> None:
         """IntegrityError ``object-changed`` if the object is not the one read."""
         after = self.version(relative)

@@ -14,8 +14,8 @@ from shardspec import Layout, Manifest
 from shardspec.manifest import RANK_ORDERS, Alias, Piece, TensorRecord, format_version
 
 
-def test_format_version_is_1_1() -> None:
-    assert format_version() == "1.1"
+def test_format_version_is_1_2() -> None:
+    assert format_version() == "1.2"
 
 
 def test_from_dict_to_dict_round_trip(manifest_dict: dict[str, Any]) -> None:
@@ -52,11 +52,13 @@ def test_from_dict_builds_the_objects_the_constructors_build(manifest_dict: dict
         for record in manifest.tensors.values():
             if isinstance(record, TensorRecord):
                 rebuilt = TensorRecord(dtype=record.dtype, shape=record.shape,
-                                       logical=record.logical, pieces=tuple(
+                                       logical=record.logical, tied_to=record.tied_to,
+                                       pieces=tuple(
                                            Piece(**vars(p)) for p in record.pieces))
                 assert rebuilt == record and vars(rebuilt) == vars(record)
                 assert [vars(p) for p in rebuilt.pieces] == [vars(p) for p in record.pieces]
-                assert list(vars(record)) == ["dtype", "shape", "pieces", "logical"]
+                assert list(vars(record)) == ["dtype", "shape", "pieces", "logical",
+                                               "tied_to"]
 
 
 def test_sharing_makes_equal_shapes_one_object(manifest_dict: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ PUBLIC = [
     "ShardspecError",
     "StorageError",
     "TensorRecordError",
+    "Tie",
     "VersionError",
     "__version__",
     "data_file_name",

@@ -43,6 +43,7 @@ SECTION_MAP = {
     "7.7": "Scalars and zero-size tensors",
     "8": "Quantization", "8.1": "The record", "8.2": "Logical dtype and shape",
     "8.3": "Reader rules",
+    "8.4": "Tied tensors",
     "9": "Integrity", "9.1": "Sizes", "9.2": "Checksums",
     "9.3": "Objects that change while read",
     "10": "Writing", "10.1": "Commit protocol", "10.2": "Rewriting a directory",

@@ -30,7 +30,7 @@ from .errors import (
     TensorRecordError,
     VersionError,
 )
-from .manifest import Layout, Logical, Manifest, Quantization, format_version
+from .manifest import Layout, Logical, Manifest, Quantization, Tie, format_version
 from .validate import Report, validate
 
 if TYPE_CHECKING:
@@ -85,6 +85,7 @@ __all__ = [
     "ShardspecError",
     "StorageError",
     "TensorRecordError",
+    "Tie",
     "VersionError",
     "__version__",
     "data_file_name",

@@ -11,6 +11,7 @@ from .dtypes import DTYPES, byte_size, element_count
 from .errors import Finding
 from .limits import MANIFEST_NAME, MAX_NAME_BYTES, MAX_PATH_BYTES
 from .manifest import Alias, Manifest, Piece, TensorRecord
+from .ties import check_ties
 
 __all__ = ["check_manifest", "path_problem"]
 
@@ -20,6 +21,7 @@ def check_manifest(manifest: Manifest) -> Iterator[Finding]:
     yield from _check_layout(manifest)
     yield from _check_files(manifest)
     yield from _check_tensors(manifest)
+    yield from check_ties(manifest)
 
 
 def _check_layout(m: Manifest) -> Iterator[Finding]:

@@ -6,7 +6,7 @@ in the layout, file owned by the rank, one piece per rank, whole bytes, bounds, 
 overlap, replicas) are computed with numpy over flat arrays of every piece at once instead of
 one Python object at a time: a manifest may hold a million pieces, and every rank checks all of
 them on open (SPEC 11.1). The rules over ranks, files and tensor records, a few per tensor at
-most, are the Python ones of :mod:`shardspec.checks`.
+most, and the ties of SPEC 8.4, are the Python ones of :mod:`shardspec.checks`.
 
 Arithmetic never wraps: every size is below 2**63 (the schema's limit) and fits an int64, bounds
 are compared as ``shape <= total`` and ``offset <= total - shape``, and a product or a sum that
@@ -27,6 +27,7 @@ from .checks import _check_files, _check_layout, _first_overlap
 from .dtypes import DTYPES, byte_size, element_count
 from .limits import MAX_NAME_BYTES, MAX_SIZE
 from .manifest import Alias, Manifest, Piece, TensorRecord
+from .ties import check_ties
 
 __all__ = ["is_sound"]
 
@@ -56,6 +57,9 @@ def is_sound(manifest: Manifest) -> bool:
     if not all(isinstance(tensors.get(a.alias_of), TensorRecord) for a in aliases):
         return False
     records = [r for r in tensors.values() if isinstance(r, TensorRecord)]
+    # Ties (SPEC 8.4) are one Python pass over the pieces of tied tensors and their bases.
+    if any(r.tied_to is not None for r in records) and next(check_ties(manifest), None):
+        return False
     # Tensors share shapes: each distinct one is counted once.
     shapes = {r.shape for r in records} | {r.logical.shape for r in records
                                            if r.logical is not None}

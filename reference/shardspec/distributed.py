@@ -34,7 +34,7 @@ from .devices import DeviceLike, resolve_device
 from .errors import Finding, QuantizationError, RequestError, ShardspecError
 from .limits import DEFAULT_MAX_FILE_SIZE
 from .location import PathOrURL, locate
-from .manifest import FileRecord, Layout, Logical, Manifest, Quantization
+from .manifest import FileRecord, Layout, Logical, Manifest, Quantization, Tie
 from .reader import Checkpoint, open_checkpoint
 from .reshard_plan import Resharder
 from .writer import (
@@ -201,6 +201,7 @@ def save(
     group: dist.ProcessGroup | None = None,
     quantization: Quantization | None = None,
     logical: Mapping[str, Logical] | None = None,
+    ties: Mapping[str, Tie] | None = None,
     extra_files: Mapping[str, str | os.PathLike[str]] | Iterable[str | os.PathLike[str]] = (),
     max_file_size: int = DEFAULT_MAX_FILE_SIZE,
     overwrite: bool = False,
@@ -252,8 +253,9 @@ def save(
 
     def plan() -> tuple[Manifest, str]:
         draft = plan_checkpoint(
-            layout, infos, quantization=quantization, logical=logical, metadata=metadata,
-            extensions=extensions, extra_files=list(extras), max_file_size=max_file_size)
+            layout, infos, quantization=quantization, logical=logical, ties=ties,
+            metadata=metadata, extensions=extensions, extra_files=list(extras),
+            max_file_size=max_file_size)
         return draft, hashlib.sha256(draft.to_json()).hexdigest()
 
     ok, planned, local = _attempt(plan)
@@ -262,7 +264,7 @@ def save(
     if differ:
         raise DistributedSaveError(
             f"distributed save to '{root}': {_rank_list(differ)} called save with arguments "
-            "that differ from rank 0's (layout, quantization, logical, metadata, extensions, "
+            "that differ from rank 0's (layout, quantization, logical, ties, metadata, extensions, "
             "extra_files names or max_file_size): every rank must pass the same; nothing was "
             "written", {r: "arguments differ from rank 0's" for r in differ})
     draft: Manifest = planned[0]

@@ -200,6 +200,32 @@ class Logical:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Tie:
+    """What a quantizer output (a scale, a zero point, a group index) describes: blocks of the
+    elements of its base tensor's grid (SPEC 8.4). Dim ``j`` of the tied tensor follows grid
+    dim ``axes[j]``, one element spanning ``block[j]`` grid elements; no ``block``: one value
+    for the whole base."""
+
+    tensor: str
+    block: tuple[int, ...] | None = None
+    axes: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"tensor": self.tensor}
+        if self.axes is not None:
+            out["axes"] = list(self.axes)
+        if self.block is not None:
+            out["block"] = list(self.block)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Tie:
+        block, axes = data.get("block"), data.get("axes")
+        return cls(tensor=data["tensor"], block=None if block is None else tuple(block),
+                   axes=None if axes is None else tuple(axes))
+
+
+@dataclass(frozen=True, kw_only=True)
 class Piece:
     """The part of a tensor one rank holds (SPEC 7.2); ``offset`` is None for rank-local ones."""
 
@@ -263,6 +289,7 @@ class TensorRecord:
     shape: tuple[int, ...] | None
     pieces: tuple[Piece, ...]
     logical: Logical | None = None
+    tied_to: Tie | None = None
 
     @property
     def rank_local(self) -> bool:
@@ -283,6 +310,8 @@ class TensorRecord:
             out["shape"] = list(self.shape)
         if self.logical is not None:
             out["logical"] = self.logical.to_dict()
+        if self.tied_to is not None:
+            out["tied_to"] = self.tied_to.to_dict()
         out["pieces"] = [p.to_dict() for p in self.pieces]
         return out
 
@@ -299,6 +328,8 @@ class TensorRecord:
         put(record, "shape", None if data.get("rank_local") else tuple(shape or ()))
         put(record, "pieces", _pieces(data["pieces"], shared))
         put(record, "logical", None if logical is None else Logical.from_dict(logical))
+        tie = data.get("tied_to")
+        put(record, "tied_to", None if tie is None else Tie.from_dict(tie))
         return record
 
 

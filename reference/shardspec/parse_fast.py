@@ -65,7 +65,7 @@ def manifest_members(raw: Mapping[str, Any]) -> int:
     tensors = raw["tensors"]
     count += len(tensors)
     for record in tensors.values():
-        count += len(record) + len(record.get("logical", ()))
+        count += len(record) + len(record.get("logical", ())) + len(record.get("tied_to", ()))
         pieces = record.get("pieces")
         if pieces is not None:
             count += sum(map(len, pieces))

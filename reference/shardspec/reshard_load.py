@@ -595,7 +595,7 @@ def reshard(
     filesystem, ``destination_options`` the destination's (default: the source's).
     ``gap_budget`` is :func:`execute_reshard`'s, for a source in object storage.
 
-    One target rank is in memory at a time. Quantization, logical records, metadata,
+    One target rank is in memory at a time. Quantization, logical records, ties, metadata,
     extensions and extra files carry over; extra files are checked against their recorded
     sha256 as they are copied. ``verify`` also hashes every source data file read (whole).
     ``progress(done, total)`` is called with the bytes of target pieces written so far and in
@@ -612,9 +612,11 @@ def reshard(
     plans = [resharder.plan(rank) for rank in range(layout.size)]
     logical = {name: r.logical for name, r in manifest.tensors.items()
                if isinstance(r, TensorRecord) and r.logical is not None}
+    ties = {name: r.tied_to for name, r in manifest.tensors.items()
+            if isinstance(r, TensorRecord) and r.tied_to is not None}
     draft = plan_checkpoint(
         layout, [rank_info(p) for p in plans], quantization=manifest.quantization,
-        logical=logical, metadata=manifest.metadata, extensions=manifest.extensions,
+        logical=logical, ties=ties, metadata=manifest.metadata, extensions=manifest.extensions,
         extra_files=[f.path for f in manifest.extra_files],
     )
     if _same_place(src, dst):

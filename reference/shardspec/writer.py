@@ -35,6 +35,7 @@ from .manifest import (
     Quantization,
     RankRecord,
     TensorRecord,
+    Tie,
     format_version,
 )
 from .parse import read_manifest
@@ -117,6 +118,7 @@ def save(
     sharding: Mapping[int, Mapping[str, Shard]] | None = None,
     quantization: Quantization | None = None,
     logical: Mapping[str, Logical] | None = None,
+    ties: Mapping[str, Tie] | None = None,
     extra_files: Mapping[str, str | os.PathLike[str]] | Iterable[str | os.PathLike[str]] = (),
     max_file_size: int = DEFAULT_MAX_FILE_SIZE,
     overwrite: bool = False,
@@ -127,7 +129,9 @@ def save(
     """Write ``states`` (rank -> state dict) as a committed checkpoint at ``path``, a directory
     or an object-storage URL (``storage_options`` for its fsspec filesystem).
 
-    A tensor with a :class:`Shard` in ``sharding[rank]`` is a piece of a global tensor; one
+    ``logical`` and ``ties`` give tensors' logical records and ties to their base (SPEC 8.2,
+    8.4), by name. A tensor with a :class:`Shard` in ``sharding[rank]`` is a piece of a global
+    tensor; one
     without is rank-local. Tensors sharing storage on every rank that has them are recorded as
     aliases; non-contiguous tensors are written contiguous; zero-size tensors are kept. Each
     rank's tensors are split into files of about ``max_file_size`` bytes. ``extra_files`` maps
@@ -142,8 +146,8 @@ def save(
     extras = extra_sources(extra_files)
     draft = plan_checkpoint(
         layout, [describe_rank(r, states[r], sharding.get(r)) for r in sorted(states)],
-        quantization=quantization, logical=logical, metadata=metadata, extensions=extensions,
-        extra_files=list(extras), max_file_size=max_file_size,
+        quantization=quantization, logical=logical, ties=ties, metadata=metadata,
+        extensions=extensions, extra_files=list(extras), max_file_size=max_file_size,
     )
     prepare_directory(root, overwrite)
     records: dict[str, FileRecord] = {}
@@ -255,6 +259,7 @@ def plan_checkpoint(
     *,
     quantization: Quantization | None = None,
     logical: Mapping[str, Logical] | None = None,
+    ties: Mapping[str, Tie] | None = None,
     metadata: Mapping[str, str] | None = None,
     extensions: Mapping[str, Mapping[str, Any]] | None = None,
     extra_files: Sequence[str] = (),
@@ -268,6 +273,7 @@ def plan_checkpoint(
         raise ValueError(f"expected one RankInfo per rank 0..{layout.size - 1}, in order")
     aliases = _global_aliases(ranks)
     logical = logical or {}
+    ties = ties or {}
     rank_records = []
     file_of: dict[tuple[int, str], str] = {}
     for info in ranks:
@@ -286,7 +292,8 @@ def plan_checkpoint(
             if name in aliases:
                 tensors[name] = Alias(alias_of=aliases[name])
             else:
-                tensors[name] = _tensor_record(name, ranks, file_of, logical.get(name))
+                tensors[name] = _tensor_record(name, ranks, file_of, logical.get(name),
+                                               ties.get(name))
     draft = Manifest(
         format_version=format_version(), layout=layout, ranks=tuple(rank_records),
         quantization=quantization or Quantization(), tensors=tensors,
@@ -304,6 +311,7 @@ def _tensor_record(
     ranks: Sequence[RankInfo],
     file_of: Mapping[tuple[int, str], str],
     logical: Logical | None,
+    tie: Tie | None = None,
 ) -> TensorRecord:
     holders = [info for info in ranks if name in info.tensors]
     infos = {info.rank: info.tensors[name] for info in holders}
@@ -327,7 +335,7 @@ def _tensor_record(
         for r, t in infos.items()
     )
     return TensorRecord(dtype=dtypes.pop(), shape=global_shapes.pop() if global_shapes else None,
-                        pieces=pieces, logical=logical)
+                        pieces=pieces, logical=logical, tied_to=tie)
 
 
 def write_rank(

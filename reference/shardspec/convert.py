@@ -47,16 +47,18 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import __version__
+from . import __version__, fp8
 from .checks import check_manifest, path_problem
 from .commit import commit_manifest, fsync_dir, uncommit, write_durably
+from .convert_plan import EMBEDDING_NAMES, LM_HEAD, Split, Tied, plan_splits
 from .dtypes import DTYPES, byte_size
 from .errors import ShardspecError, raise_first_error
 from .hf import (
@@ -67,6 +69,7 @@ from .hf import (
     OutTensor,
     SourceTensor,
     hf_shard_names,
+    iter_box,
     iter_slice,
     plan_hf_shards,
     scan_safetensors,
@@ -91,8 +94,7 @@ from .paths import resolve_inside
 from .reader import open_checkpoint
 from .remote import RemoteRoot, is_remote
 from .schema import schema_findings
-from .stages import assign_stages
-from .tp_plan import PlanError, TPPlan, match_pattern, resolve_plan, split_dim, split_sizes
+from .tp_plan import PlanError, TPPlan
 from .validate import validate
 from .writer import (
     RankInfo,
@@ -122,12 +124,6 @@ __all__ = [
 #: progress(bytes just written, total bytes to write)
 Progress = Callable[[int, int], None]
 
-LM_HEAD = "lm_head.weight"
-#: Names of the input embedding that ``tie_word_embeddings`` ties the LM head to, in the order
-#: they are looked for.
-EMBEDDING_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight", "transformer.wte.weight",
-                   "model.embed_in.weight", "gpt_neox.embed_in.weight")
-
 #: The values of ``convert``'s ``names``: Hugging Face's parameter names, or vLLM's fused ones.
 NAME_STYLES = ("hf", "vllm")
 
@@ -148,33 +144,11 @@ _SKIPPED_DIRS = ("original",)
 
 
 @dataclass(frozen=True)
-class _Split:
-    """How one tensor is laid out: its source bytes, split dim, per-TP-rank sizes, stage."""
-
-    source: SourceTensor
-    style: str
-    dim: int | None
-    sizes: tuple[int, ...]
-    stage: int
-
-    def piece(self, tp_rank: int) -> tuple[Shard, tuple[int, ...], int, int]:
-        """(Shard, piece shape, start, stop) of ``tp_rank``'s piece."""
-        shape = self.source.shape
-        if self.dim is None:
-            return Shard(shape, (0,) * len(shape), replica=tp_rank), shape, 0, 0
-        start = sum(self.sizes[:tp_rank])
-        stop = start + self.sizes[tp_rank]
-        offset = tuple(start if d == self.dim else 0 for d in range(len(shape)))
-        piece = tuple(stop - start if d == self.dim else n for d, n in enumerate(shape))
-        return Shard(shape, offset), piece, start, stop
-
-
-@dataclass(frozen=True)
 class _Fused:
     """A rank-local tensor written as each rank's dim-0 slices of ``members``, one after the
     other (vLLM's ``qkv_proj`` and ``gate_up_proj``); every member is split along dim 0."""
 
-    members: tuple[_Split, ...]
+    members: tuple[Split, ...]
     stage: int
 
     @property
@@ -199,8 +173,8 @@ def _config_int(config: Mapping[str, Any], key: str) -> int:
     return value
 
 
-def _fuse_for_vllm(splits: dict[str, _Split], config: Mapping[str, Any] | None,
-                   tp_size: int) -> dict[str, _Split | _Fused]:
+def _fuse_for_vllm(splits: dict[str, Split | Tied], config: Mapping[str, Any] | None,
+                   tp_size: int) -> dict[str, Split | Tied | _Fused]:
     """``splits`` with vLLM's fused tensors in place of the projections they join (each at
     the position of its first member); PlanError where vLLM's layout cannot be written."""
     config = config or {}
@@ -243,15 +217,20 @@ def _fuse_for_vllm(splits: dict[str, _Split], config: Mapping[str, Any] | None,
     if not groups:
         raise PlanError("names='vllm' found no q/k/v or gate/up projections to fuse; use "
                         "names='hf'")
-    out: dict[str, _Split | _Fused] = {}
-    for name, split in splits.items():
+    tied = [n for n, s in splits.items() if not isinstance(s, Split)]
+    if tied:
+        raise PlanError(f"names='vllm' cannot fuse quantized projections: {tied[0]!r} is tied "
+                        "to a weight (SPEC 8.4); use names='hf'")
+    plain = {n: s for n, s in splits.items() if isinstance(s, Split)}
+    out: dict[str, Split | Tied | _Fused] = {}
+    for name, split in plain.items():
         target = fused_at.get(name)
         if target is None:
             out[name] = split
             continue
         if target in out:
             continue
-        members = tuple(splits[m] for m in groups[target])
+        members = tuple(plain[m] for m in groups[target])
         for member_name, member in zip(groups[target], members, strict=True):
             module = member_name.rpartition(".")[0]
             if member.dim != 0:
@@ -275,30 +254,6 @@ def _fuse_for_vllm(splits: dict[str, _Split], config: Mapping[str, Any] | None,
             raise PlanError(f"names='vllm': the tensors fused into {target!r} are on different "
                             "pipeline stages")
         out[target] = _Fused(members, members[0].stage)
-    return out
-
-
-def _tied_embedding(source: HFSource) -> str | None:
-    """The embedding the LM head is tied to, where the config ties them and the file lacks it."""
-    config = source.config or {}
-    if not config.get("tie_word_embeddings") or LM_HEAD in source.tensors:
-        return None
-    return next((n for n in EMBEDDING_NAMES if n in source.tensors), None)
-
-
-def _expand_stages(names: Iterable[str], stages: Mapping[str, int] | None) -> dict[str, int]:
-    """Stage overrides given by pattern (as in plans) -> by tensor name."""
-    out: dict[str, int] = {}
-    if not stages:
-        return out
-    names = list(names)
-    for pattern, stage in stages.items():
-        if isinstance(stage, bool) or not isinstance(stage, int):
-            raise PlanError(f"stage override {pattern!r}: the stage must be an integer")
-        matched = [n for n in names if match_pattern(pattern, n) is not None]
-        if not matched:
-            raise PlanError(f"stage override {pattern!r} matches no tensor")
-        out.update({n: stage for n in matched})
     return out
 
 
@@ -334,35 +289,10 @@ def hf_extra_files(root: Path, exclude: Path | None = None) -> dict[str, Path]:
     return out
 
 
-def _plan_splits(
-    source: HFSource,
-    layout: Layout,
-    plan: TPPlan | Mapping[str, str] | None,
-    stages: Mapping[str, int] | None,
-    allow_uneven: bool,
-) -> tuple[dict[str, _Split], str | None]:
-    tied = _tied_embedding(source)
-    sources = dict(source.tensors)
-    if tied is not None:
-        sources[LM_HEAD] = source.tensors[tied]
-    tp_plan = resolve_plan(source.config, plan)
-    styles = tp_plan.styles(sources)
-    stage_of = assign_stages(sources, layout.pp_size, _expand_stages(sources, stages))
-    splits: dict[str, _Split] = {}
-    for name, src in sources.items():
-        dim = split_dim(styles[name], src.shape, name)
-        if dim is None:
-            sizes: list[int] = []
-        else:
-            sizes = split_sizes(src.shape[dim], layout.tp_size, allow_uneven=allow_uneven,
-                                name=name, dim=dim)
-        splits[name] = _Split(src, styles[name], dim, tuple(sizes), stage_of[name])
-    return splits, tied
-
-
-def _rank_infos(layout: Layout, splits: Mapping[str, _Split | _Fused], tied: str | None
+def _rank_infos(layout: Layout, splits: Mapping[str, Split | Tied | _Fused], tied: str | None
                 ) -> list[RankInfo]:
     infos = []
+    copies: dict[str, dict[tuple[tuple[int, ...], tuple[int, ...]], int]] = {}
     for rank in range(layout.size):
         coords = layout.coordinates(rank)
         tensors: dict[str, TensorInfo] = {}
@@ -373,8 +303,13 @@ def _rank_infos(layout: Layout, splits: Mapping[str, _Split | _Fused], tied: str
             if isinstance(split, _Fused):  # rank-local (SPEC 7.5)
                 shard, shape, dtype = None, split.shape(coords["tp_rank"]), split.dtype
             else:
-                shard, shape, _, _ = split.piece(coords["tp_rank"])
-                dtype = split.source.dtype
+                box = split.box(coords["ep_rank"], coords["tp_rank"])
+                if box is None:
+                    continue
+                seen = copies.setdefault(name, {})
+                replica = seen[box] = seen.get(box, -1) + 1  # copies numbered in rank order
+                shard, shape = Shard(split.shape, box[0], replica=replica), box[1]
+                dtype = DTYPES[split.dtype]
             nbytes = byte_size(dtype, shape)
             if nbytes is None:
                 raise PlanError(f"tensor {name!r}: a piece of shape {list(shape)} in "
@@ -395,6 +330,7 @@ def convert(
     *,
     tp_size: int,
     pp_size: int = 1,
+    ep_size: int = 1,
     plan: TPPlan | Mapping[str, str] | None = None,
     stages: Mapping[str, int] | None = None,
     allow_uneven: bool = False,
@@ -403,6 +339,7 @@ def convert(
     metadata: Mapping[str, str] | None = None,
     progress: Progress | None = None,
     names: str = "hf",
+    quantize: str | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> Manifest:
     """Convert the Hugging Face checkpoint directory ``src`` to a shardspec checkpoint ``dst``
@@ -413,7 +350,16 @@ def convert(
     :mod:`shardspec.tp_plan`). ``stages`` overrides the pipeline stage of the tensors its
     patterns match (default: :func:`shardspec.stages.assign_stages`: contiguous runs of layers,
     the embedding on the first stage, the final norm and LM head on the last). A split dim that
-    ``tp_size`` does not divide is refused unless ``allow_uneven``. Raises
+    ``tp_size`` does not divide is refused unless ``allow_uneven``.
+
+    ``ep_size`` deals each layer's routed experts to expert ranks in contiguous blocks
+    (:mod:`shardspec.experts`); within an expert rank they are split by tensor parallelism like
+    any MLP (a plan giving them ``replicate`` keeps each expert whole). Pre-quantized weights
+    (FP8 with block, channel or tensor scales, AWQ, GPTQ, MXFP4; :mod:`shardspec.quantized`)
+    are recorded with their logical dtype and shape, and their scales and zero points tied to
+    them and split in the matching blocks (SPEC 8.4); a split through a block is refused.
+    ``quantize="fp8"`` writes linear weights as FP8 with 128 x 128 block scales
+    (:mod:`shardspec.fp8`), and config.json with the matching ``quantization_config``. Raises
     :class:`~shardspec.tp_plan.PlanError` or :class:`~shardspec.hf.HFError` before writing
     anything when the source or the plan is unusable.
 
@@ -422,7 +368,7 @@ def convert(
     ``tp_size > 1`` and ``pp_size == 1``, head counts in ``config.json`` that the TP size
     divides, and at least as many key/value heads as ranks.
     """
-    for label, value in (("tp_size", tp_size), ("pp_size", pp_size)):
+    for label, value in (("tp_size", tp_size), ("pp_size", pp_size), ("ep_size", ep_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{label} must be a positive integer, got {value!r}")
     if names not in NAME_STYLES:
@@ -435,27 +381,51 @@ def convert(
     root = locate(dst, storage_options)
     if isinstance(root, Path) and root.resolve() == source.root.resolve():
         raise ValueError("the destination must be another directory than the source")
-    layout = Layout(tp_size=tp_size, pp_size=pp_size)
-    plain, tied = _plan_splits(source, layout, plan, stages, allow_uneven)
-    splits: dict[str, _Split | _Fused] = dict(plain)
+    if names == "vllm" and ep_size != 1:
+        raise PlanError("names='vllm' needs ep_size = 1: vLLM's sharded-state loader reads "
+                        "tensor-parallel checkpoints only")
+    layout = Layout(tp_size=tp_size, pp_size=pp_size, ep_size=ep_size)
+    planned = plan_splits(source, layout, plan, stages, allow_uneven, quantize)
+    splits: dict[str, Split | Tied | _Fused] = dict(planned.splits)
     if names == "vllm":
-        splits = _fuse_for_vllm(plain, source.config, tp_size)
+        splits = _fuse_for_vllm(planned.splits, source.config, tp_size)
     extras = hf_extra_files(source.root, exclude=root if isinstance(root, Path) else None)
+    quantization = _quantization(source.config)
+    if quantize == "fp8":
+        quantization = Quantization(method="fp8", config=dict(fp8.CONFIG))
     info = {"converted_from": "huggingface"}
     draft = plan_checkpoint(
-        layout, _rank_infos(layout, splits, tied), quantization=_quantization(source.config),
-        metadata={**info, **(metadata or {})}, extra_files=list(extras),
-        max_file_size=max_file_size,
+        layout, _rank_infos(layout, splits, planned.tied_embedding), quantization=quantization,
+        logical=planned.logical, ties=planned.ties, metadata={**info, **(metadata or {})},
+        extra_files=list(extras), max_file_size=max_file_size,
     )
+    with tempfile.TemporaryDirectory(prefix="shardspec-convert-") as folder:
+        if quantize == "fp8" and "config.json" in extras:
+            extras["config.json"] = _with_quantization(extras["config.json"], Path(folder))
+        return _write_converted(root, layout, draft, splits, extras, overwrite, progress)
+
+
+def _with_quantization(config: Path, folder: Path) -> Path:
+    """A copy of config.json that records ``--quantize fp8``'s quantization_config."""
+    data = _read_json(config) or {}
+    data["quantization_config"] = dict(fp8.CONFIG)
+    out = folder / "config.json"
+    out.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return out
+
+
+def _write_converted(root: Location, layout: Layout, draft: Manifest,
+                     splits: Mapping[str, Split | Tied | _Fused], extras: Mapping[str, Path],
+                     overwrite: bool, progress: Progress | None) -> Manifest:
     total = sum(byte_size(DTYPES[r.dtype], p.shape) or 0 for r in draft.tensors.values()
                 if isinstance(r, TensorRecord) for p in r.pieces)
     prepare_directory(root, overwrite)
     advance = None if progress is None else (lambda n: progress(n, total))
     records: dict[str, FileRecord] = {}
     for rank in range(layout.size):
-        tp_rank = layout.coordinates(rank)["tp_rank"]
+        coords = layout.coordinates(rank)
         for path, in_file in _names_by_file(draft, rank).items():
-            outs = [_piece_out(name, splits[name], tp_rank, draft) for name in in_file]
+            outs = [_piece_out(name, splits[name], coords, draft) for name in in_file]
             records[path] = _write_part(root, path, outs, advance)
     records.update({f.path: f for f in copy_extra_files(root, extras)})
     manifest = finish_manifest(draft, records)
@@ -493,22 +463,44 @@ def _names_by_file(draft: Manifest, rank: int) -> dict[str, list[str]]:
     return names
 
 
-def _piece_out(name: str, split: _Split | _Fused, tp_rank: int, draft: Manifest
-               ) -> OutTensor:
+def _piece_out(name: str, split: Split | Tied | _Fused, coords: Mapping[str, int],
+               draft: Manifest) -> OutTensor:
     record = draft.tensors[name]
     assert isinstance(record, TensorRecord)
+    tp_rank = coords["tp_rank"]
     if isinstance(split, _Fused):
         fused = split
         shape = fused.shape(tp_rank)
         return OutTensor(name, record.dtype, shape, byte_size(DTYPES[record.dtype], shape) or 0,
                          lambda: fused.chunks(tp_rank))
-    _, shape, start, stop = split.piece(tp_rank)
+    box = split.box(coords["ep_rank"], tp_rank)
+    assert box is not None
+    shape = box[1]
     nbytes = byte_size(DTYPES[record.dtype], shape) or 0
+    return OutTensor(name, record.dtype, shape, nbytes, _chunks_of(split, coords))
 
-    def chunks() -> Iterator[bytes | bytearray]:
-        return iter_slice(split.source, split.dim, start, stop)
 
-    return OutTensor(name, record.dtype, shape, nbytes, chunks)
+def _chunks_of(split: Split | Tied, coords: Mapping[str, int]
+               ) -> Callable[[], Iterator[bytes | bytearray]]:
+    """The bytes of the rank's piece: read from the source, or quantized as they are read."""
+    ep_rank, tp_rank = coords["ep_rank"], coords["tp_rank"]
+    base = split.base if isinstance(split, Tied) else split
+    base_box = base.box(ep_rank, tp_rank)
+    assert base_box is not None
+
+    def quantized(part: int) -> Iterator[bytes | bytearray]:
+        data = b"".join(iter_box(base.source, *base_box))
+        yield fp8.quantize_block(data, base.source.dtype.name, base_box[1])[part]
+
+    if isinstance(split, Tied) and split.source is None:
+        return lambda: quantized(1)  # the scale of a weight --quantize makes FP8
+    if isinstance(split, Split) and split.quantize:
+        return lambda: quantized(0)
+    source = split.source
+    assert source is not None
+    box = split.box(ep_rank, tp_rank)
+    assert box is not None
+    return lambda: iter_box(source, *box)
 
 
 # --- merge -----------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ spaces to a multiple of 8 bytes, so every tensor's data is aligned to its elemen
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -43,6 +44,7 @@ __all__ = [
     "SourceTensor",
     "hf_shard_names",
     "iter_region",
+    "iter_box",
     "iter_slice",
     "plan_hf_shards",
     "read_config",
@@ -353,3 +355,35 @@ def write_hf_index(root: Path, weight_map: Mapping[str, str], total_size: int) -
     write_durably(root / HF_INDEX, write)
     _make_readable(root / HF_INDEX)
     fsync_dir(root)
+
+
+def iter_box(tensor: SourceTensor, offset: tuple[int, ...], shape: tuple[int, ...],
+             *, block: int = BLOCK_BYTES) -> Iterator[bytes | bytearray]:
+    """The bytes of the box ``offset``/``shape`` of ``tensor`` in row-major order.
+
+    A box cut along one dimension is :func:`iter_slice`; one cut along several (a stacked
+    expert tensor split by expert and tensor parallelism) is read as the cut of each slab
+    below its first cut dimension, one slab after the other."""
+    full = tensor.shape
+    cut = [d for d, (o, s, n) in enumerate(zip(offset, shape, full, strict=True))
+           if o != 0 or s != n]
+    if len(cut) <= 1:
+        dim = cut[0] if cut else None
+        start = offset[dim] if dim is not None else 0
+        stop = start + shape[dim] if dim is not None else None
+        yield from iter_slice(tensor, dim, start, stop, block=block)
+        return
+    first = cut[0]
+    bits = tensor.dtype.bits
+    slab_elements = int(np.prod(full[first + 1:], dtype=np.int64))
+    slab = _byte_count(slab_elements, bits, tensor.name)
+    begin = tensor.entry.begin
+    for index in itertools.product(*(range(offset[d], offset[d] + shape[d])
+                                     for d in range(first + 1))):
+        flat = 0
+        for d, i in enumerate(index):
+            flat = flat * full[d] + i
+        entry = tensor.entry._replace(shape=full[first + 1:], begin=begin + flat * slab,
+                                      end=begin + (flat + 1) * slab)
+        part = SourceTensor(tensor.name, tensor.path, tensor.data_start, entry)
+        yield from iter_box(part, offset[first + 1:], shape[first + 1:], block=block)

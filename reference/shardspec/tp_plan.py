@@ -39,8 +39,11 @@ divide ``d``, :func:`split_sizes` refuses unless uneven splits are allowed, and 
 Where the plan comes from (:func:`resolve_plan`): a plan the user gives; else the config's
 ``base_model_tp_plan`` completed with :data:`COMMON_EXTRAS` (embedding, norms, LM head, which
 transformers leaves out because it replicates whatever a plan does not name); else
-:data:`BUILTIN_PLAN` for Llama-, Mistral- and Qwen2-shaped models (``model_type`` in
-:data:`BUILTIN_MODEL_TYPES`). A tensor no pattern matches is an error, never silently
+:data:`MODEL_PLANS` by ``model_type``: Llama-, Mistral-, Qwen2/3-shaped models, and the
+mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V2/V3 (MLA), whose built-in plan
+wins over the config's (:data:`MOE_MODEL_TYPES`). Routed experts are split by tensor
+parallelism like any MLP; which expert rank holds them is ``convert``'s ``ep_size``
+(:mod:`shardspec.experts`). A tensor no pattern matches is an error, never silently
 replicated: a plan that wants a tensor replicated says so.
 """
 
@@ -58,6 +61,11 @@ __all__ = [
     "BUILTIN_MODEL_TYPES",
     "BUILTIN_PLAN",
     "COMMON_EXTRAS",
+    "DEEPSEEK_PLAN",
+    "MIXTRAL_PLAN",
+    "MODEL_PLANS",
+    "MOE_MODEL_TYPES",
+    "QWEN_MOE_PLAN",
     "PlanError",
     "REPLICATED",
     "STYLES",
@@ -118,8 +126,68 @@ BUILTIN_PLAN: dict[str, str] = {
     "layers.*.mlp.down_proj": "rowwise",
 }
 
-#: ``model_type`` values for which :data:`BUILTIN_PLAN` is used when the config has no plan.
-BUILTIN_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+_ATTENTION = {k: v for k, v in BUILTIN_PLAN.items() if ".mlp." not in k}
+_MLP = {k: v for k, v in BUILTIN_PLAN.items() if ".mlp." in k}
+
+
+def _experts(module: str, gate: str, up: str, down: str) -> dict[str, str]:
+    """A routed-expert MLP as vLLM shards it: gate/up column-parallel, down row-parallel."""
+    return {f"{module}.{gate}": "colwise", f"{module}.{up}": "colwise",
+            f"{module}.{down}": "rowwise"}
+
+
+#: Mixtral: Llama attention; the router (``block_sparse_moe.gate``) replicated, as in vLLM.
+MIXTRAL_PLAN: dict[str, str] = {
+    **_ATTENTION,
+    "layers.*.block_sparse_moe.gate": "replicate",
+    **_experts("layers.*.block_sparse_moe.experts.*", "w1", "w3", "w2"),
+}
+
+#: Qwen2-MoE and Qwen3-MoE: routed experts, a shared expert (Qwen2-MoE) with its sigmoid gate,
+#: dense MLP layers where ``mlp_only_layers`` asks for them.
+QWEN_MOE_PLAN: dict[str, str] = {
+    **BUILTIN_PLAN,
+    "layers.*.mlp.gate": "replicate",
+    **_experts("layers.*.mlp.experts.*", "gate_proj", "up_proj", "down_proj"),
+    **_experts("layers.*.mlp.shared_expert", "gate_proj", "up_proj", "down_proj"),
+    "layers.*.mlp.shared_expert_gate": "replicate",
+}
+
+#: DeepSeek-V2/V3 (multi-head latent attention) as vLLM shards it: the low-rank down
+#: projections ``q_a_proj`` and ``kv_a_proj_with_mqa`` and their norms are replicated
+#: (``ReplicatedLinear``); ``q_b_proj`` (or ``q_proj`` without a q LoRA rank) and ``kv_b_proj``
+#: split by heads, ``o_proj`` by its input; the router and its correction bias replicated; routed
+#: and shared experts as MLPs.
+DEEPSEEK_PLAN: dict[str, str] = {
+    **COMMON_EXTRAS,
+    "layers.*.self_attn.q_proj": "colwise",
+    "layers.*.self_attn.q_a_proj": "replicate",
+    "layers.*.self_attn.q_a_layernorm": "replicate",
+    "layers.*.self_attn.q_b_proj": "colwise",
+    "layers.*.self_attn.kv_a_proj_with_mqa": "replicate",
+    "layers.*.self_attn.kv_a_layernorm": "replicate",
+    "layers.*.self_attn.kv_b_proj": "colwise",
+    "layers.*.self_attn.o_proj": "rowwise",
+    **_MLP,
+    "layers.*.mlp.gate": "replicate",
+    **_experts("layers.*.mlp.experts.*", "gate_proj", "up_proj", "down_proj"),
+    **_experts("layers.*.mlp.shared_experts", "gate_proj", "up_proj", "down_proj"),
+}
+
+#: ``model_type`` -> its built-in plan. For the mixture-of-experts types it is used even when
+#: the config carries a ``base_model_tp_plan``: transformers' MoE plans name styles whose pieces
+#: are not slices (``moe_tp_experts``, ``ep_router``...), and the plan here is vLLM's layout.
+MODEL_PLANS: dict[str, dict[str, str]] = {
+    "llama": BUILTIN_PLAN, "mistral": BUILTIN_PLAN, "qwen2": BUILTIN_PLAN, "qwen3": BUILTIN_PLAN,
+    "mixtral": MIXTRAL_PLAN, "qwen2_moe": QWEN_MOE_PLAN, "qwen3_moe": QWEN_MOE_PLAN,
+    "deepseek_v2": DEEPSEEK_PLAN, "deepseek_v3": DEEPSEEK_PLAN,
+}
+
+#: The types whose built-in plan wins over the config's own plan.
+MOE_MODEL_TYPES = frozenset({"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"})
+
+#: ``model_type`` values with a built-in plan.
+BUILTIN_MODEL_TYPES = frozenset(MODEL_PLANS)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -253,13 +321,15 @@ def resolve_plan(config: Mapping[str, Any] | None, plan: TPPlan | Mapping[str, s
     if plan is not None:
         return TPPlan(dict(plan), source="the given plan")
     config = config or {}
+    model_type = config.get("model_type")
+    if model_type in MOE_MODEL_TYPES:
+        return TPPlan(MODEL_PLANS[model_type], source=f"the built-in plan for {model_type}")
     from_config = config.get("base_model_tp_plan")
     if isinstance(from_config, dict) and from_config:
         return TPPlan({**COMMON_EXTRAS, **from_config},
                       source="config.json base_model_tp_plan and the common extras")
-    model_type = config.get("model_type")
     if model_type in BUILTIN_MODEL_TYPES:
-        return TPPlan(BUILTIN_PLAN, source=f"the built-in plan for {model_type}")
+        return TPPlan(MODEL_PLANS[model_type], source=f"the built-in plan for {model_type}")
     raise PlanError(
         f"no tensor-parallel plan for model_type {model_type!r}: config.json has no "
         f"base_model_tp_plan and the built-in plan covers {sorted(BUILTIN_MODEL_TYPES)}; "

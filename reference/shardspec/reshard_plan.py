@@ -14,8 +14,20 @@ region along the split dimension, sized like ``torch.tensor_split`` (what
 stage is the source stage when ``pp_size`` is unchanged, otherwise the one
 :func:`shardspec.stages.assign_stages` gives, plus those of the tensor's aliases (an alias is
 returned wherever its target is: tied embeddings put the embedding on the first and the last
-stage). Copies of one slice are numbered as replicas 0, 1, ... in rank order. Aliases follow
-their target; rank-local tensors cannot be resharded.
+stage).
+
+When ``ep_size`` changes (SPEC 11.3 rule 10), routed experts are known by name
+(:func:`shardspec.experts.find_experts`) and dealt to the new expert ranks in contiguous
+blocks: one expert's tensor goes, with its source group's region, to its expert's new rank
+only; a stacked expert tensor is cut along dim 0 into one run of experts per new expert rank;
+any other tensor must have one region on every source expert rank of its stage and is held by
+every new one.
+
+A tensor tied to a base (SPEC 8.4, rule 9) is not inferred from its own pieces: every target
+rank holding a box of the base holds the box of the tied tensor that goes with it
+(:func:`shardspec.ties.tied_box`), refused when the base's box ends inside a block. Copies of
+one slice are numbered as replicas 0, 1, ... in rank order. Aliases follow their target;
+rank-local tensors cannot be resharded.
 """
 
 from __future__ import annotations
@@ -28,8 +40,10 @@ from typing import NoReturn
 from .checks import _first_overlap
 from .dtypes import DTYPES, byte_size
 from .errors import Finding, error_for
+from .experts import ExpertTensor, expert_rank, find_experts
 from .manifest import Alias, Layout, Manifest, Piece, TensorRecord
 from .stages import assign_stages
+from .ties import tied_box
 
 __all__ = [
     "Box",
@@ -125,6 +139,29 @@ def _intersect(a: Box, b: Box) -> Box | None:
     return tuple(offset), tuple(shape)
 
 
+def _bounding(boxes: list[Box]) -> Box:
+    """The smallest box holding all of ``boxes`` (at least one, all of one rank)."""
+    ndim = len(boxes[0][0])
+    lo = tuple(min(b[0][d] for b in boxes) for d in range(ndim))
+    hi = tuple(max(b[0][d] + b[1][d] for b in boxes) for d in range(ndim))
+    return lo, tuple(h - low for h, low in zip(hi, lo, strict=True))
+
+
+def _numbered(boxes: Mapping[int, Box]) -> dict[int, tuple[Box, int]]:
+    """rank -> (box, replica): equal boxes are replicas 0, 1, ... in rank order (rule 6)."""
+    replica_of: dict[Box, int] = {}
+    out: dict[int, tuple[Box, int]] = {}
+    for rank in sorted(boxes):
+        box = boxes[rank]
+        replica = replica_of.get(box, 0)
+        replica_of[box] = replica + 1
+        out[rank] = (box, replica)
+    return out
+
+
+#: (stage, expert rank) -> the region that group of ranks holds
+_Regions = dict[tuple[int, int], "_Region"]
+
 #: (name, record, target box, replica, [(overlap, the pieces that hold it)]) of one rank
 _Wanted = tuple[str, TensorRecord, Box, int, list[tuple[Box, list[Piece]]]]
 
@@ -159,7 +196,11 @@ class Resharder:
         self._check_request()
         source = manifest.layout
         self._pp_changed = layout.pp_size != source.pp_size
+        self._ep_changed = layout.ep_size != source.ep_size
         records = {n: r for n, r in manifest.tensors.items() if isinstance(r, TensorRecord)}
+        #: routed experts' tensors, by name (only needed to move them between expert ranks)
+        self._experts: dict[str, ExpertTensor] = (
+            find_experts({n: r.shape for n, r in records.items()}) if self._ep_changed else {})
         #: name -> its stages under a new pp_size: its own and those of its aliases, which are
         #: returned wherever their target is (SPEC 7.6 rule 3)
         self._stages: dict[str, set[int]] = {}
@@ -169,9 +210,15 @@ class Resharder:
             for name, record in manifest.tensors.items():
                 if isinstance(record, Alias) and record.alias_of in self._stages:
                     self._stages[record.alias_of].add(stage_of[name])
-        #: name -> target rank -> (box, replica)
+        # Bases first: a tied tensor's boxes are derived from its base's (rule 9).
+        targets = {name: self._target_boxes(name, record)
+                   for name, record in records.items() if record.tied_to is None}
+        for name, record in records.items():
+            if record.tied_to is not None:
+                targets[name] = self._tied_targets(name, record, targets)
+        #: name -> target rank -> (box, replica), in the manifest's order
         self.targets: dict[str, dict[int, tuple[Box, int]]] = {
-            name: self._target_boxes(name, record) for name, record in records.items()
+            name: targets[name] for name in records
         }
         #: name -> primary box -> the pieces (primary and replicas) holding it
         self._slots: dict[str, dict[Box, list[Piece]]] = {
@@ -181,17 +228,13 @@ class Resharder:
     # --- checks ------------------------------------------------------------------------------
 
     def _check_request(self) -> None:
-        layout, source = self.layout, self.manifest.layout
+        layout = self.layout
         if not isinstance(layout, Layout):
             _refuse("reshard-unsupported", f"layout must be a shardspec.Layout, got "
                     f"{type(layout).__name__}")
         if layout.world_size != layout.size:
             _refuse("reshard-unsupported", f"the target layout's world_size {layout.world_size} "
                     f"is not tp_size x pp_size x ep_size = {layout.size}")
-        if layout.ep_size != source.ep_size:
-            _refuse("reshard-unsupported", f"ep_size cannot change when resharding (checkpoint "
-                    f"{source.ep_size}, requested {layout.ep_size})",
-                    hint="reshard tp_size and pp_size only")
         local = sorted(n for n, r in self.manifest.tensors.items()
                        if isinstance(r, TensorRecord) and r.rank_local)
         if local:
@@ -211,7 +254,7 @@ class Resharder:
 
     # --- the target layout -------------------------------------------------------------------
 
-    def _regions(self, name: str, record: TensorRecord) -> dict[tuple[int, int], _Region]:
+    def _regions(self, name: str, record: TensorRecord) -> _Regions:
         """(stage, expert rank) of the source -> what that group of ranks holds."""
         assert record.shape is not None
         ranks = self.manifest.ranks
@@ -223,10 +266,7 @@ class Resharder:
         regions = {}
         for key, pieces in sorted(groups.items()):
             offsets = [p.offset or (0,) * ndim for p in pieces]
-            lo = tuple(min(o[d] for o in offsets) for d in range(ndim))
-            hi = tuple(max(o[d] + p.shape[d] for o, p in zip(offsets, pieces, strict=True))
-                       for d in range(ndim))
-            box = (lo, tuple(h - low for h, low in zip(hi, lo, strict=True)))
+            box = _bounding([(o, p.shape) for o, p in zip(offsets, pieces, strict=True)])
             if name in self._split_dims:
                 dim = self._split_dims[name]
                 regions[key] = _Region(box, None if dim is None else dim % ndim)
@@ -241,17 +281,9 @@ class Resharder:
 
     def _target_boxes(self, name: str, record: TensorRecord) -> dict[int, tuple[Box, int]]:
         assert record.shape is not None
-        regions = self._regions(name, record)
-        if self._pp_changed:
-            by_expert: dict[int, _Region] = {}
-            for (pp_rank, ep_rank), region in regions.items():
-                if by_expert.setdefault(ep_rank, region) != region:
-                    _refuse("reshard-unsupported", f"pipeline stages hold different slices of "
-                            f"the tensor (stage {pp_rank}: offset {list(region.box[0])}, shape "
-                            f"{list(region.box[1])}), so its stage under pp_size "
-                            f"{self.layout.pp_size} is ambiguous", tensor=name)
-            regions = {(stage, ep): region for ep, region in by_expert.items()
-                       for stage in sorted(self._stages[name])}
+        regions = self._restaged(name, self._regions(name, record))
+        if self._ep_changed:
+            regions = self._regrouped(name, regions)
         dtype = DTYPES[record.dtype]
         boxes: dict[int, Box] = {}
         tp_size = self.layout.tp_size
@@ -260,14 +292,102 @@ class Resharder:
                 rank = self.layout.rank_of(tp_rank=tp_rank, pp_rank=pp_rank, ep_rank=ep_rank)
                 boxes[rank] = self._slice(name, dtype.bits, region, tp_rank)
         self._check_boxes(name, record, boxes)
-        replica_of: dict[Box, int] = {}
-        out: dict[int, tuple[Box, int]] = {}
-        for rank in sorted(boxes):
-            box = boxes[rank]
-            replica = replica_of.get(box, 0)
-            replica_of[box] = replica + 1
-            out[rank] = (box, replica)
+        return _numbered(boxes)
+
+    def _restaged(self, name: str, regions: _Regions) -> _Regions:
+        """The regions keyed by the target stage (rule 5); unchanged when pp_size is."""
+        if not self._pp_changed:
+            return regions
+        by_expert: dict[int, _Region] = {}
+        for (pp_rank, ep_rank), region in regions.items():
+            if by_expert.setdefault(ep_rank, region) != region:
+                _refuse("reshard-unsupported", f"pipeline stages hold different slices of "
+                        f"the tensor (stage {pp_rank}: offset {list(region.box[0])}, shape "
+                        f"{list(region.box[1])}), so its stage under pp_size "
+                        f"{self.layout.pp_size} is ambiguous", tensor=name)
+        return {(stage, ep): region for ep, region in by_expert.items()
+                for stage in sorted(self._stages[name])}
+
+    # --- another ep_size (rule 10) -----------------------------------------------------------
+
+    def _regrouped(self, name: str, regions: _Regions) -> _Regions:
+        """(stage, source expert rank) -> region becomes (stage, target expert rank) -> region."""
+        by_stage: dict[int, dict[int, _Region]] = {}
+        for (stage, ep_rank), region in regions.items():
+            by_stage.setdefault(stage, {})[ep_rank] = region
+        expert = self._experts.get(name)
+        new_ep = self.layout.ep_size
+        if expert is not None and expert.experts % new_ep:
+            _refuse("reshard-unsupported", f"its layer has {expert.experts} routed experts, "
+                    f"which cannot be dealt evenly to ep_size {new_ep} expert ranks",
+                    tensor=name, hint="choose an ep_size that divides the number of experts")
+        out: _Regions = {}
+        for stage, held in sorted(by_stage.items()):
+            if expert is None:
+                region = self._one_region(name, stage, held, everywhere=True)
+                out |= {(stage, ep_rank): region for ep_rank in range(new_ep)}
+            elif expert.index is None:
+                runs = self._expert_runs(name, expert, held)
+                out |= {(stage, ep_rank): region for ep_rank, region in runs.items()}
+            else:
+                region = self._one_region(name, stage, held, everywhere=False)
+                out[stage, expert_rank(expert.index, expert.experts, new_ep)] = region
         return out
+
+    def _one_region(self, name: str, stage: int, held: Mapping[int, _Region],
+                    everywhere: bool) -> _Region:
+        """The region the source expert ranks of ``stage`` hold alike (rule 10 (a), (c)); a
+        tensor of no expert must be held by all of them, since every new one holds it."""
+        source_ep = self.manifest.layout.ep_size
+        if everywhere and set(held) != set(range(source_ep)):
+            _refuse("reshard-unsupported", f"pipeline stage {stage} holds it on expert ranks "
+                    f"{sorted(held)} only, and it is no routed expert's tensor, so ep_size "
+                    f"{self.layout.ep_size} cannot place it", tensor=name)
+        regions = set(held.values())
+        if len(regions) > 1:
+            _refuse("reshard-unsupported", f"the expert ranks of pipeline stage {stage} hold "
+                    f"different slices of it, so it cannot move to ep_size "
+                    f"{self.layout.ep_size}", tensor=name)
+        return regions.pop()
+
+    def _expert_runs(self, name: str, expert: ExpertTensor, held: Mapping[int, _Region]
+                     ) -> dict[int, _Region]:
+        """Target expert rank -> its run of a stacked tensor's experts (rule 10 (b)), split
+        along the dimension other than the experts' that the source groups split."""
+        dims = {r.dim for r in held.values()} - {None, 0}
+        if len(dims) > 1:
+            _refuse("reshard-unsupported", f"its source expert ranks split it along different "
+                    f"dimensions {sorted(dims, key=str)}", tensor=name)
+        dim = dims.pop() if dims else None
+        offset, shape = _bounding([r.box for r in held.values()])
+        run = expert.experts // self.layout.ep_size
+        return {ep_rank: _Region(((ep_rank * run, *offset[1:]), (run, *shape[1:])), dim)
+                for ep_rank in range(self.layout.ep_size)}
+
+    # --- tied tensors (rule 9) ---------------------------------------------------------------
+
+    def _tied_targets(self, name: str, record: TensorRecord,
+                      targets: Mapping[str, dict[int, tuple[Box, int]]]
+                      ) -> dict[int, tuple[Box, int]]:
+        """Where the base's target boxes put the tied tensor: the box of it that goes with
+        each, so that every rank can still dequantize the base's piece it holds."""
+        tie = record.tied_to
+        assert tie is not None and record.shape is not None
+        base = self.manifest.tensors.get(tie.tensor)
+        if not isinstance(base, TensorRecord) or tie.tensor not in targets:
+            _refuse("reshard-unsupported", f"tied to {tie.tensor!r}, which is no global tensor "
+                    "without a tie of its own (SPEC 8.4 rule 1)", tensor=name)
+        boxes: dict[int, Box] = {}
+        for rank, (base_box, _) in targets[tie.tensor].items():
+            box = tied_box(base, base_box, tie, record.shape)
+            if isinstance(box, str):
+                _refuse("reshard-unsupported", f"rank {rank} of the requested layout would hold "
+                        f"{box}, which its tied tensor cannot follow (SPEC 8.4 rule 4)",
+                        tensor=name, hint="choose a tp_size whose slices of the base fall on "
+                        "block boundaries")
+            boxes[rank] = box
+        self._check_boxes(name, record, boxes)
+        return _numbered(boxes)
 
     def _slice(self, name: str, bits: int, region: _Region, tp_rank: int) -> Box:
         offset, shape = region.box

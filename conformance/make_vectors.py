@@ -48,7 +48,7 @@ except ImportError:  # a source checkout without an installed package
 
 import torch  # noqa: E402
 
-from shardspec import Layout, Logical, Quantization, Shard  # noqa: E402
+from shardspec import Layout, Logical, Quantization, Shard, Tie  # noqa: E402
 from shardspec.dtypes import spec_shape  # noqa: E402
 
 #: Written as ``generator`` in every manifest instead of the package version, so that a
@@ -550,6 +550,212 @@ def base_fp8() -> Ckpt:
                  logical=logical)
 
 
+# --- quantized bases with tied tensors (SPEC 8.4) ----------------------------------------------
+
+Cut = list[tuple[torch.Tensor, Shard]]  # (piece, Shard) per rank, in rank order
+
+
+def cut(tensor: torch.Tensor, dim: int | None, sizes: Iterable[int] = (), ranks: int = 2) -> Cut:
+    """``tensor`` split along ``dim`` into pieces of ``sizes`` (rank r gets the r-th), or with
+    ``dim`` None held whole by ``ranks`` ranks as replicas 0, 1, ..."""
+    shape = tuple(tensor.shape)
+    if dim is None:
+        return [(tensor, Shard(shape, (0,) * len(shape), replica=r)) for r in range(ranks)]
+    out, start = [], 0
+    for size in sizes:
+        offset = tuple(start if d == dim else 0 for d in range(len(shape)))
+        out.append((tensor.narrow(dim, start, size), Shard(shape, offset)))
+        start += size
+    assert start == shape[dim], (start, shape)
+    return out
+
+
+def saved_cuts(cuts: dict[str, Cut], layout: Layout, **kwargs: Any) -> Ckpt:
+    """A checkpoint where rank r holds piece r of every cut."""
+    states: dict[int, dict[str, torch.Tensor]] = {r: {} for r in range(layout.size)}
+    sharding: dict[int, dict[str, Shard]] = {r: {} for r in range(layout.size)}
+    for name, pieces in cuts.items():
+        assert len(pieces) == layout.size, name
+        for r, (piece, shard) in enumerate(pieces):
+            states[r][name], sharding[r][name] = piece, shard
+    return saved(states, layout, sharding=sharding, **kwargs)
+
+
+def tie_after(ck: Ckpt, ties: dict[str, Tie]) -> Ckpt:
+    """Record ``ties`` in a written manifest: how the broken vectors get ties the writer
+    refuses (SPEC 8.4 rule 5)."""
+    for name, tie in ties.items():
+        ck.tensor(name)["tied_to"] = tie.to_dict()
+    return ck
+
+
+FP8_GATE = "model.layers.0.mlp.gate_proj.weight"
+FP8_DOWN = "model.layers.0.mlp.down_proj.weight"
+
+
+def base_fp8_blocks(gate_rows: tuple[int, int] = (128, 128), *, tied: bool = True) -> Ckpt:
+    """TP=2 FP8 with DeepSeek-V3's 128 x 128 block scales: a colwise gate_proj [256, 256] and a
+    rowwise down_proj [256, 320] split 128 + 192 columns, whose weight_scale_inv are F32 [2, 2]
+    and [2, 3] (320 = 2 blocks and a partial one). ``gate_rows``: where gate_proj is split, its
+    scale staying at rows 1 + 1; ``tied``: ties written by the writer, else none."""
+    gate = values((256, 256), torch.float8_e4m3fn, 300)
+    down = values((256, 320), torch.float8_e4m3fn, 301)
+    gate_scale = values((2, 2), torch.float32, 302).abs() + 0.5
+    down_scale = values((2, 3), torch.float32, 303).abs() + 0.5
+    cuts = {FP8_GATE: cut(gate, 0, gate_rows), FP8_GATE + "_scale_inv": cut(gate_scale, 0, (1, 1)),
+            FP8_DOWN: cut(down, 1, (128, 192)), FP8_DOWN + "_scale_inv": cut(down_scale, 1, (1, 2))}
+    ties = {FP8_GATE + "_scale_inv": Tie(tensor=FP8_GATE, block=(128, 128)),
+            FP8_DOWN + "_scale_inv": Tie(tensor=FP8_DOWN, block=(128, 128))}
+    logical = {FP8_GATE: Logical(dtype="BF16", shape=(256, 256)),
+               FP8_DOWN: Logical(dtype="BF16", shape=(256, 320))}
+    quant = Quantization(method="fp8", config={"activation_scheme": "dynamic",
+                                               "weight_block_size": [128, 128]})
+    return saved_cuts(cuts, Layout(tp_size=2), quantization=quant, logical=logical,
+                      ties=ties if tied else None)
+
+
+FP8_Q = "model.layers.0.self_attn.q_proj"
+FP8_K = "model.layers.0.self_attn.k_proj"
+FP8_O = "model.layers.0.self_attn.o_proj"
+
+
+def base_fp8_channel() -> Ckpt:
+    """TP=2 FP8 with per-channel and per-tensor scales: colwise q_proj [16, 8] with weight_scale
+    F32 [16, 1] (block [1, 8]: one value a row, split like its rows); rowwise o_proj [8, 16] with
+    weight_scale [8, 1] (block [1] on axes [0]: grid dim 1 is broadcast, so both ranks hold the
+    whole scale, as replicas); colwise k_proj [8, 8] with per-tensor weight_scale and
+    input_scale F32 [] (no block: replicated)."""
+    q = values((16, 8), torch.float8_e4m3fn, 310)
+    k = values((8, 8), torch.float8_e4m3fn, 311)
+    o = values((8, 16), torch.float8_e4m3fn, 312)
+    q_scale = values((16, 1), torch.float32, 313).abs() + 0.5
+    o_scale = values((8, 1), torch.float32, 314).abs() + 0.5
+    cuts = {f"{FP8_Q}.weight": cut(q, 0, (8, 8)),
+            f"{FP8_Q}.weight_scale": cut(q_scale, 0, (8, 8)),
+            f"{FP8_K}.weight": cut(k, 0, (4, 4)),
+            f"{FP8_K}.weight_scale": cut(torch.tensor(0.125), None),
+            f"{FP8_K}.input_scale": cut(torch.tensor(0.5), None),
+            f"{FP8_O}.weight": cut(o, 1, (8, 8)),
+            f"{FP8_O}.weight_scale": cut(o_scale, None)}
+    ties = {f"{FP8_Q}.weight_scale": Tie(tensor=f"{FP8_Q}.weight", block=(1, 8)),
+            f"{FP8_K}.weight_scale": Tie(tensor=f"{FP8_K}.weight"),
+            f"{FP8_K}.input_scale": Tie(tensor=f"{FP8_K}.weight"),
+            f"{FP8_O}.weight_scale": Tie(tensor=f"{FP8_O}.weight", block=(1,), axes=(0,))}
+    logical = {f"{p}.weight": Logical(dtype="BF16", shape=s)
+               for p, s in ((FP8_Q, (16, 8)), (FP8_K, (8, 8)), (FP8_O, (8, 16)))}
+    quant = Quantization(method="fp8", config={"activation_scheme": "static"})
+    return saved_cuts(cuts, Layout(tp_size=2), quantization=quant, logical=logical, ties=ties)
+
+
+AWQ_Q = "model.layers.0.self_attn.q_proj"
+AWQ_O = "model.layers.0.self_attn.o_proj"
+
+
+def awq_layer(prefix: str, i: int, o: int, g: int, dim: int, seed: int
+              ) -> tuple[dict[str, Cut], dict[str, Tie], dict[str, Logical]]:
+    """An AWQ int4 layer split in halves along ``dim`` of the grid [i, o] (0: rowwise, the
+    input features; 1: colwise, the output features): qweight I32 [i, o/8] (8 int4 a word along
+    the output features), scales F16 [i/g, o], qzeros I32 [i/g, o/8]."""
+    qweight = values((i, o // 8), torch.int32, seed)
+    scales = values((i // g, o), torch.float16, seed + 1)
+    qzeros = values((i // g, o // 8), torch.int32, seed + 2)
+    def halves(t: torch.Tensor) -> Cut:
+        return cut(t, dim, (t.shape[dim] // 2,) * 2)
+    cuts = {f"{prefix}.qweight": halves(qweight), f"{prefix}.scales": halves(scales),
+            f"{prefix}.qzeros": halves(qzeros)}
+    ties = {f"{prefix}.scales": Tie(tensor=f"{prefix}.qweight", block=(g, 1)),
+            f"{prefix}.qzeros": Tie(tensor=f"{prefix}.qweight", block=(g, 8))}
+    return cuts, ties, {f"{prefix}.qweight": Logical(dtype="F16", shape=(i, o))}
+
+
+def base_awq() -> Ckpt:
+    """TP=2 AWQ int4: a colwise q_proj (i 32, o 64, g 8) and a rowwise o_proj (i 64, o 32,
+    g 16), each qweight with its logical F16 [i, o] and its scales and qzeros tied to it."""
+    cuts, ties, logical = {}, {}, {}
+    for layer in (awq_layer(AWQ_Q, 32, 64, 8, 1, 320), awq_layer(AWQ_O, 64, 32, 16, 0, 330)):
+        cuts.update(layer[0])
+        ties.update(layer[1])
+        logical.update(layer[2])
+    quant = Quantization(method="awq", config={"bits": 4, "group_size": 8, "zero_point": True})
+    return saved_cuts(cuts, Layout(tp_size=2), quantization=quant, logical=logical, ties=ties)
+
+
+GPTQ_UP = "model.layers.0.mlp.up_proj"
+GPTQ_DOWN = "model.layers.0.mlp.down_proj"
+
+
+def gptq_layer(prefix: str, dim: int, sizes: tuple[int, int], seed: int, i: int = 32,
+               o: int = 16, g: int = 8, qzero_sizes: tuple[int, int] | None = None
+               ) -> tuple[dict[str, Cut], dict[str, Tie], dict[str, Logical]]:
+    """A GPTQ int4 layer split along ``dim`` of qweight I32 [i/8, o] (8 int4 a word along the
+    input features) into ``sizes``: scales F16 [i/g, o] and qzeros I32 [i/g, o/8] follow it
+    through their ties (colwise qzeros in ``qzero_sizes`` words where given), and g_idx I32
+    [i] (i div g) ties to grid dim 0 alone."""
+    qweight = values((i // 8, o), torch.int32, seed)
+    scales = values((i // g, o), torch.float16, seed + 1)
+    qzeros = values((i // g, o // 8), torch.int32, seed + 2)
+    g_idx = torch.arange(i, dtype=torch.int32) // g
+    if dim == 0:  # rowwise: blocks of 8 input features a word, g a group
+        rows = [s * 8 // g for s in sizes]
+        cuts = {f"{prefix}.qweight": cut(qweight, 0, sizes),
+                f"{prefix}.scales": cut(scales, 0, rows), f"{prefix}.qzeros": cut(qzeros, 0, rows),
+                f"{prefix}.g_idx": cut(g_idx, 0, [s * 8 for s in sizes])}
+    else:  # colwise: qzeros packs 8 output features a word
+        cuts = {f"{prefix}.qweight": cut(qweight, 1, sizes),
+                f"{prefix}.scales": cut(scales, 1, sizes),
+                f"{prefix}.qzeros": cut(qzeros, 1, qzero_sizes or [s // 8 for s in sizes]),
+                f"{prefix}.g_idx": cut(g_idx, None)}
+    ties = {f"{prefix}.scales": Tie(tensor=f"{prefix}.qweight", block=(g, 1)),
+            f"{prefix}.qzeros": Tie(tensor=f"{prefix}.qweight", block=(g, 8)),
+            f"{prefix}.g_idx": Tie(tensor=f"{prefix}.qweight", block=(1,), axes=(0,))}
+    return cuts, ties, {f"{prefix}.qweight": Logical(dtype="F16", shape=(i, o))}
+
+
+GPTQ_CONFIG = {"bits": 4, "group_size": 8, "desc_act": False}
+
+
+def base_gptq() -> Ckpt:
+    """TP=2 GPTQ int4 (i 32, o 16, g 8): a colwise up_proj (split along the output features,
+    g_idx replicated) and a rowwise down_proj (split along the packed input features, g_idx
+    split with them)."""
+    cuts, ties, logical = {}, {}, {}
+    for layer in (gptq_layer(GPTQ_UP, 1, (8, 8), 340), gptq_layer(GPTQ_DOWN, 0, (2, 2), 350)):
+        cuts.update(layer[0])
+        ties.update(layer[1])
+        logical.update(layer[2])
+    quant = Quantization(method="gptq", config=GPTQ_CONFIG)
+    return saved_cuts(cuts, Layout(tp_size=2), quantization=quant, logical=logical, ties=ties)
+
+
+MX = "model.layers.0.mlp.experts"
+
+
+def base_mxfp4() -> Ckpt:
+    """EP=2 (tp_size 1) MXFP4 experts as gpt-oss stores them: 4 stacked experts whose
+    gate_up_proj_blocks U8 [4, 16, 2, 16] stand for BF16 [4, 16, 64] (32 FP4 values in 16
+    bytes a block) and down_proj_blocks U8 [4, 8, 1, 16] for [4, 8, 32], with E8M0 scales U8
+    [4, 16, 2] and [4, 8, 1] tied with block [1, 1, 32]; the router is replicated."""
+    def u8(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+        return torch.tensor(list(random_bytes(math.prod(shape), seed)),
+                            dtype=torch.uint8).reshape(shape)
+    gate_up, down = u8((4, 16, 2, 16), 360), u8((4, 8, 1, 16), 361)
+    gate_up_scales = u8((4, 16, 2), 362)
+    down_scales = u8((4, 8, 1), 363)
+    router = values((4, 8), torch.bfloat16, 364)
+    cuts = {f"{MX}.gate_up_proj_blocks": cut(gate_up, 0, (2, 2)),
+            f"{MX}.gate_up_proj_scales": cut(gate_up_scales, 0, (2, 2)),
+            f"{MX}.down_proj_blocks": cut(down, 0, (2, 2)),
+            f"{MX}.down_proj_scales": cut(down_scales, 0, (2, 2)),
+            "model.layers.0.mlp.router.weight": cut(router, None)}
+    ties = {f"{MX}.{p}_scales": Tie(tensor=f"{MX}.{p}_blocks", block=(1, 1, 32))
+            for p in ("gate_up_proj", "down_proj")}
+    logical = {f"{MX}.gate_up_proj_blocks": Logical(dtype="BF16", shape=(4, 16, 64)),
+               f"{MX}.down_proj_blocks": Logical(dtype="BF16", shape=(4, 8, 32))}
+    quant = Quantization(method="mxfp4")
+    return saved_cuts(cuts, Layout(tp_size=1, ep_size=2), quantization=quant, logical=logical,
+                      ties=ties)
+
+
 def nested(depth: int) -> dict[str, Any]:
     """An object nesting ``depth`` objects (itself included). As quantization.config, whose
     depth is 3 (SPEC 3.4), its innermost object is at depth ``depth + 2``."""
@@ -734,12 +940,46 @@ def valid_vectors() -> list[Vector]:
         "scalar weight_scale and input_scale replicated. Scale tensors are ordinary tensors; "
         "vLLM's sharded_state saver has lost them.", base_fp8())
 
+    add("fp8-block-scales", "8.4", "FP8 with DeepSeek-V3's 128 x 128 block scales, TP=2: a "
+        "colwise gate_proj F8_E4M3 [256, 256] split at row 128 and a rowwise down_proj [256, "
+        "320] split 128 + 192 columns, each with its F32 weight_scale_inv tied with block "
+        "[128, 128] ([2, 2]; [2, 3], the last block 64 columns wide). Each rank holds the scale "
+        "blocks of its weight piece: [1, 2] at row 0 or 1; [2, 1] at column 0 and [2, 2] at "
+        "column 1, since rank 1's 192 columns end at the grid's end.", base_fp8_blocks())
+
+    add("fp8-channel-and-tensor-scales", "8.4", "FP8 per-channel and per-tensor scales, TP=2: "
+        "colwise q_proj's weight_scale F32 [16, 1] (block [1, 8], one value a row) split like "
+        "its rows; rowwise o_proj's weight_scale [8, 1] tied with block [1] on axes [0] (its dim "
+        "1 an inner dimension, grid dim 1 broadcast), so the split of o_proj's columns leaves "
+        "the whole scale on both ranks as replicas; k_proj's per-tensor weight_scale and "
+        "input_scale F32 [] tied without block, replicated.", base_fp8_channel())
+
+    add("awq-int4-packed", "8.4", "AWQ int4, TP=2: qweight I32 [i, o/8] with logical F16 "
+        "[i, o] packs 8 output features a word (the base packs 8 grid elements along dim 1); "
+        "scales F16 [i/g, o] tie with block [g, 1], qzeros I32 [i/g, o/8] with [g, 8]. The "
+        "colwise q_proj (i 32, o 64, g 8) splits qweight at word 4 = feature 32, its scales at "
+        "column 32 and its qzeros at word 4; the rowwise o_proj (i 64, o 32, g 16) splits all "
+        "three at input feature 32 (group 2).", base_awq())
+
+    add("gptq-g-idx", "8.4", "GPTQ int4, TP=2 (i 32, o 16, g 8): qweight I32 [i/8, o] with "
+        "logical F16 [i, o] packs 8 input features a word; scales [g, 1], qzeros [g, 8], and "
+        "g_idx I32 [i] tied with block [1] on axes [0] (grid dim 1 broadcast). The colwise "
+        "up_proj leaves g_idx whole on both ranks (replicas); the rowwise down_proj splits "
+        "qweight at word 2 (input feature 16) and g_idx at element 16 with it.", base_gptq())
+
+    add("mxfp4-experts-ep2", "8.4", "MXFP4 stacked experts (gpt-oss), tp_size 1 x ep_size 2: "
+        "gate_up_proj_blocks U8 [4, 16, 2, 16] stand for BF16 [4, 16, 64] (the base packs 32 "
+        "grid elements along dim 2; dim 3, the 16 bytes of a block, is an inner dimension), "
+        "their E8M0 scales U8 [4, 16, 2] tie with block [1, 1, 32]; down_proj likewise with "
+        "[4, 8, 1, 16] and [4, 8, 1]. Each expert-parallel rank holds 2 experts of each and "
+        "their scales; the router is replicated.", base_mxfp4())
+
     ck = base_tp1()
     ck.m["format_version"] = "1.7"
     ck.m["load_hints"] = {"prefetch": True}
     ck.m["layout"]["numa_policy"] = "interleave"
     ck.piece("model.norm.weight", 0)["crc32c"] = "1a2b3c4d"
-    add("newer-minor-version", "4.3", "A manifest from format 1.7 with fields a 1.1 reader does "
+    add("newer-minor-version", "4.3", "A manifest from format 1.7 with fields a 1.2 reader does "
         "not know (top level, layout, piece): the reader warns version-newer-minor and "
         "unknown-field, ignores them and loads correct tensors.", ck,
         warnings=["unknown-field", "version-newer-minor"])
@@ -998,8 +1238,8 @@ def invalid_vectors() -> list[Vector]:
         "MAJOR.MINOR.", edit(tp1, lambda c: c.m.update(format_version="1.0.0")), section="4.1")
     ck = tp1.clone()
     ck.piece(NORM, 0)["dtype"] = "F32"
-    add("schema", "unknown-field-same-version", "A piece with a member 1.1 does not define "
-        "('dtype') in a 1.1 manifest: unknown fields are errors in the reader's own version "
+    add("schema", "unknown-field-same-version", "A piece with a member 1.2 does not define "
+        "('dtype') in a 1.2 manifest: unknown fields are errors in the reader's own version "
         "(compare valid-newer-minor-version).", ck, section="4.3")
     ck = tp1.clone()
     ck.rename_file(F0, "../" + F0)
@@ -1030,7 +1270,7 @@ def invalid_vectors() -> list[Vector]:
     ck = tp1.clone()
     ck.m["format_version"] = "2.0"
     ck.m["tensor_groups"] = [{"name": "all"}]
-    add("version-major", "2.0", "A checkpoint 'from the future' (format 2.0, with a member 1.1 "
+    add("version-major", "2.0", "A checkpoint 'from the future' (format 2.0, with a member 1.2 "
         "does not know): a 1.x reader must refuse it with version-major, not load it.", ck)
     add("version-major", "0.9", "A pre-release format 0.9 manifest.",
         edit(tp1, lambda c: c.m.update(format_version="0.9")))
@@ -1232,6 +1472,114 @@ def invalid_vectors() -> list[Vector]:
             "alias_of": "lm_head.weight"}})))
     add("alias-target", "self", "lm_head.weight is an alias of itself.",
         edit(tp2, lambda c: c.tensor("lm_head.weight").update(alias_of="lm_head.weight")))
+
+    # 8.4 tied tensors
+    fp8b, fp8c, awq, gptq = base_fp8_blocks(), base_fp8_channel(), base_awq(), base_gptq()
+    GATE_S, Q_W, Q_S = FP8_GATE + "_scale_inv", f"{FP8_Q}.weight", f"{FP8_Q}.weight_scale"
+    ck = tie_after(base_fp8_blocks((64, 192), tied=False), {
+        GATE_S: Tie(tensor=FP8_GATE, block=(128, 128)),
+        FP8_DOWN + "_scale_inv": Tie(tensor=FP8_DOWN, block=(128, 128))})
+    add("tie-split", "scale-off-block", "The colwise FP8 gate_proj [256, 256] is split at row "
+        "64, inside its first 128-row scale block, while its weight_scale_inv [2, 2] pieces sit "
+        "at the rounded place (row 0 on rank 0, row 1 on rank 1): both ranks hold part of block "
+        "0 and neither can dequantize it (vLLM refuses block-quantized layers whose per-rank "
+        "size is not a multiple of the block).", ck)
+    cuts, ties, logical = gptq_layer(GPTQ_UP, 1, (4, 12), 340, qzero_sizes=(1, 1))
+    ck = tie_after(saved_cuts(cuts, Layout(tp_size=2), logical=logical,
+                              quantization=Quantization(method="gptq", config=GPTQ_CONFIG)),
+                   ties)
+    add("tie-split", "mid-pack", "A GPTQ qweight I32 [4, 16] (logical [32, 16]) split along dim "
+        "1 after 4 output features: its qzeros I32 [4, 2] (block [8, 8], 8 output features a "
+        "word) would have to be split inside a word; its pieces are a word each.", ck)
+    ck = fp8b.clone()
+    ck.piece(GATE_S, 0)["offset"], ck.piece(GATE_S, 1)["offset"] = [1, 0], [0, 0]
+    add("tie-split", "swapped-offsets", "The gate_proj weight_scale_inv pieces swapped between "
+        "the ranks (rank 0 holds scale row 1, rank 1 row 0), as a gather in arrival order "
+        "would record them: coverage holds, but each rank's scales belong to the other's "
+        "rows.", ck)
+    layout = Layout(tp_size=1, pp_size=2)
+    weight = values((8, 4), torch.float8_e4m3fn, 370)
+    scale = torch.tensor(0.25)
+    name = "model.layers.0.mlp.down_proj"
+    states = {0: {f"{name}.weight": weight, f"{name}.weight_scale": scale},
+              1: {f"{name}.weight_scale": scale, "lm_head.weight": values((8, 4), seed=371)}}
+    sharding = {0: {f"{name}.weight": Shard((8, 4), (0, 0)),
+                    f"{name}.weight_scale": Shard((), ())},
+                1: {f"{name}.weight_scale": Shard((), (), replica=1),
+                    "lm_head.weight": Shard((8, 4), (0, 0))}}
+    ck = tie_after(saved(states, layout, sharding=sharding,
+                         quantization=Quantization(method="fp8")),
+                   {f"{name}.weight_scale": Tie(tensor=f"{name}.weight")})
+    add("tie-split", "rank-without-base", "PP=2: stage 0 holds layer 0's FP8 down_proj weight, "
+        "but its per-tensor weight_scale (tied without block) is also held by stage 1, which "
+        "has no piece of the weight (a writer that replicated every scalar on every rank).", ck)
+    blocks = torch.tensor(list(random_bytes(4 * 16 * 2 * 16, 372)),
+                          dtype=torch.uint8).reshape(4, 16, 2, 16)
+    scales = torch.tensor(list(random_bytes(4 * 16 * 2, 373)), dtype=torch.uint8).reshape(4, 16, 2)
+    ck = tie_after(saved_cuts({f"{MX}.gate_up_proj_blocks": cut(blocks, 3, (8, 8)),
+                               f"{MX}.gate_up_proj_scales": cut(scales, None)},
+                              Layout(tp_size=2), quantization=Quantization(method="mxfp4"),
+                              logical={f"{MX}.gate_up_proj_blocks": Logical(
+                                  dtype="BF16", shape=(4, 16, 64))}),
+                   {f"{MX}.gate_up_proj_scales": Tie(tensor=f"{MX}.gate_up_proj_blocks",
+                                                     block=(1, 1, 32))})
+    add("tie-split", "inner-dimension", "MXFP4 gate_up_proj_blocks U8 [4, 16, 2, 16] (logical "
+        "[4, 16, 64]) split across TP=2 along dim 3, the 16 bytes of one 32-value block: a "
+        "base's inner dimensions are never split.", ck)
+    add("tie-target", "missing", "q_proj.scales is tied to 'model.layers.0.self_attn.q_proj."
+        "weight', the unquantized model's name, which this AWQ checkpoint does not have (its "
+        "weight is q_proj.qweight).",
+        edit(awq, lambda c: c.tensor(f"{AWQ_Q}.scales")["tied_to"].update(tensor=Q_W)))
+    ck = fp8c.clone()
+    ck.m["tensors"][f"{FP8_Q}.base_layer.weight"] = {"alias_of": Q_W}
+    ck.tensor(Q_S)["tied_to"]["tensor"] = f"{FP8_Q}.base_layer.weight"
+    add("tie-target", "alias", "q_proj.weight_scale is tied to q_proj.base_layer.weight (a "
+        "PEFT-style name), an alias of q_proj.weight: a tie names the tensor with the data.", ck)
+    add("tie-target", "tied", "q_proj.qzeros is tied to q_proj.scales, itself tied to "
+        "q_proj.qweight: ties do not chain.",
+        edit(awq, lambda c: c.tensor(f"{AWQ_Q}.qzeros")["tied_to"].update(
+            tensor=f"{AWQ_Q}.scales")))
+    add("tie-target", "self", "q_proj.scales is tied to itself.",
+        edit(awq, lambda c: c.tensor(f"{AWQ_Q}.scales")["tied_to"].update(
+            tensor=f"{AWQ_Q}.scales")))
+    ck = fp8c.clone()
+    record = ck.tensor(Q_W)
+    record.update(rank_local=True, logical={"dtype": "BF16", "shape": [8, 8]})
+    record.pop("shape")
+    for piece in record["pieces"]:
+        piece.pop("offset")
+        piece.pop("replica", None)
+    ck.m["tensors"][Q_W] = {k: record[k] for k in ("dtype", "rank_local", "pieces", "logical")}
+    add("tie-target", "rank-local", "q_proj.weight is recorded rank-local, so its pieces are "
+        "not slices of one grid, yet q_proj.weight_scale is tied to it: a base is a global "
+        "tensor.", ck)
+    weight = values((128, 192), torch.float8_e4m3fn, 380)
+    ck = tie_after(saved_whole({"w.weight": weight, "w.weight_scale_inv": torch.ones(1, 1)},
+                               quantization=Quantization(method="fp8"),
+                               logical={"w.weight": Logical(dtype="BF16", shape=(128, 192))}),
+                   {"w.weight_scale_inv": Tie(tensor="w.weight", block=(128, 128))})
+    add("tie-shape", "floor-blocks", "An FP8 weight [128, 192] with 128 x 128 block scales "
+        "F32 [1, 1]: the scale grid was computed with floor division, but the last 64 columns "
+        "are a block of their own: ceil(192 / 128) = 2.", ck)
+    name = "model.layers.0.mlp.gate_up_proj"
+    ck = tie_after(saved_whole({f"{name}.weight": values((8, 4), torch.float8_e4m3fn, 381),
+                                f"{name}.weight_scale": torch.tensor([0.25, 0.5])},
+                               quantization=Quantization(method="fp8")),
+                   {f"{name}.weight_scale": Tie(tensor=f"{name}.weight")})
+    add("tie-shape", "per-tensor-two-values", "A merged gate_up_proj whose per-tensor "
+        "weight_scale F32 [2] holds one value per merged projection, as vLLM keeps it, tied "
+        "without block: without block a tie is one value for the whole base (this one is "
+        "block [4] on axes [0]).", ck)
+    add("tie-shape", "axes-out-of-range", "up_proj.g_idx is tied with block [1] on axes [2]: "
+        "its base's grid [32, 16] has no dimension 2.",
+        edit(gptq, lambda c: c.tensor(f"{GPTQ_UP}.g_idx")["tied_to"].update(axes=[2])))
+    add("tie-shape", "axes-duplicated", "gate_proj's weight_scale_inv is tied with block "
+        "[128, 128] on axes [0, 0]: the shape [2, 2] agrees, but an axis is named twice.",
+        edit(fp8b, lambda c: c.tensor(GATE_S)["tied_to"].update(axes=[0, 0])))
+    add("tie-shape", "pack-not-dividing", "o_proj's qweight I32 [64, 4] records the logical "
+        "shape [64, 30]: 4 words do not divide 30 output features (a quantizer that padded the "
+        "features to 32 recorded the unpadded count), so scales and qzeros have no grid.",
+        edit(awq, lambda c: c.tensor(f"{AWQ_O}.qweight")["logical"].update(shape=[64, 30])))
 
     # 6.3 safetensors container (rank 0's file of tp1 unless said otherwise)
     def length_prefix(value: bytes) -> Callable[[Ckpt], object]:

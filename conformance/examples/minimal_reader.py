@@ -3,9 +3,10 @@
 
     python minimal_reader.py CHECKPOINT_DIR RANK OUTPUT_FILE
 
-It loads one rank of a checkpoint the way SPEC section 11.1 says and writes the tensors that
-rank loads (aliases as entries of their own) to OUTPUT_FILE as a plain safetensors file: the
-conformance adapter protocol (conformance/README.md). On an invalid checkpoint it prints
+It reads format 1.2, tied tensors (SPEC 8.4) included. It loads one rank of a checkpoint the
+way SPEC section 11.1 says and writes the tensors that rank loads (aliases as entries of their
+own) to OUTPUT_FILE as a plain safetensors file: the conformance adapter protocol
+(conformance/README.md). On an invalid checkpoint it prints
 ``error [code] message (SPEC x.y)`` to stderr, writes nothing and exits 1. Warnings go to stderr
 and do not stop it. Checksums are always verified (SPEC 9.2). ``SHARDSPEC_IGNORE_EXTENSIONS``
 (comma-separated names) lists must-understand extensions the user allows ignoring (SPEC 4.4).
@@ -49,7 +50,7 @@ MAX_PATH_BYTES = 1024
 MAX_WORLD_SIZE = 65536
 MAX_SIZE = 2**63 - 1
 #: 4.1: the version this reader implements.
-SUPPORTED_MAJOR, SUPPORTED_MINOR = 1, 1
+SUPPORTED_MAJOR, SUPPORTED_MINOR = 1, 2
 
 # --- 13. Error codes: the section of each error this reader can report ----------------------
 
@@ -67,6 +68,7 @@ SECTIONS = {
     "st-extra-tensor": "7.2", "piece-rank": "7.2", "piece-bounds": "7.2",
     "piece-duplicate": "7.2", "shape-overflow": "7.1", "coverage-gap": "7.3",
     "coverage-overlap": "7.3", "replica-mismatch": "7.4", "alias-target": "7.6",
+    "tie-target": "8.4", "tie-shape": "8.4", "tie-split": "8.4",
     "file-size": "9.1", "checksum-mismatch": "9.2", "rank-out-of-range": "11.1",
 }
 
@@ -342,6 +344,19 @@ class Schema:
         self.dtype(value["dtype"], where + ".dtype")
         self.shape(value["shape"], where + ".shape")
 
+    def tie(self, value: Any, where: str) -> None:
+        """8.4 rule 1: {"tensor", "block"?, "axes"?}; axes without block is a schema error."""
+        self.members(value, where, {"tensor"}, {"block", "axes"})
+        self.name(value["tensor"], where + ".tensor")
+        for key, low, high in (("block", 1, MAX_SIZE), ("axes", 0, MAX_DIMS - 1)):
+            if key in value:
+                items = value[key]
+                self.need(isinstance(items, list) and 1 <= len(items) <= MAX_DIMS,
+                          f"{where}.{key}", f"must be an array of 1 to {MAX_DIMS} integers")
+                for i, item in enumerate(items):
+                    self.integer(item, f"{where}.{key}[{i}]", low, high)
+        self.need("axes" not in value or "block" in value, where, "has axes without block")
+
     def tensor(self, record: Any, where: str) -> None:
         """7.1: the kind is decided by the members present (4.3 rule 2)."""
         self.need(isinstance(record, dict), where, "must be an object")
@@ -354,8 +369,10 @@ class Schema:
             self.members(record, where, {"dtype", "rank_local", "pieces"}, {"logical"})
             self.need(record["rank_local"] is True, where + ".rank_local", "must be true")
         else:
-            self.members(record, where, {"dtype", "shape", "pieces"}, {"logical"})
+            self.members(record, where, {"dtype", "shape", "pieces"}, {"logical", "tied_to"})
             self.shape(record["shape"], where + ".shape")
+            if "tied_to" in record:  # format 1.2
+                self.tie(record["tied_to"], where + ".tied_to")
         self.dtype(record["dtype"], where + ".dtype")
         if "logical" in record:
             self.logical(record["logical"], where + ".logical")
@@ -587,6 +604,82 @@ def check_tensors(m: dict[str, Any]) -> None:
                      "copies no replica-0 piece")
 
 
+# --- 8.4 Tied tensors ------------------------------------------------------------------------
+
+
+def tie_grid(name: str, base_name: str, base: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """8.4 rule 2: the base's grid L and how many grid elements it packs into one stored
+    element along each grid dimension."""
+    stored = base["shape"]
+    grid = base["logical"]["shape"] if "logical" in base else stored
+    if len(stored) < len(grid):
+        fail("tie-shape", f"tensor {name!r}: its base {base_name!r} has shape {stored}, fewer "
+             f"dimensions than its grid {grid}")
+    packs = []
+    for d, (size, extent) in enumerate(zip(stored, grid, strict=False)):
+        if size == extent == 0:
+            packs.append(1)
+        elif size == 0 or extent == 0 or extent % size:
+            fail("tie-shape", f"tensor {name!r}: dimension {d} of its base {base_name!r} "
+                 f"({size}) does not divide its grid's ({extent})")
+        else:
+            packs.append(extent // size)
+    return grid, packs
+
+
+def check_ties(m: dict[str, Any]) -> None:
+    tensors = m["tensors"]
+    for name, record in tensors.items():
+        tie = record.get("tied_to")
+        if tie is None or "alias_of" in record or "rank_local" in record:
+            continue  # only a global tensor has a tie (an unknown field elsewhere, 4.3)
+        base_name = tie["tensor"]
+        base = tensors.get(base_name)  # rule 1
+        if base_name == name or base is None or "alias_of" in base or "rank_local" in base \
+                or "tied_to" in base:
+            fail("tie-target", f"tensor {name!r} is tied to {base_name!r}, which is not another "
+                 "global tensor without a tie")
+        grid, packs = tie_grid(name, base_name, base)  # rule 2
+        shape, block = record["shape"], tie.get("block")
+        axes = tie.get("axes", list(range(len(block or ()))))
+        if block is None:  # rule 3
+            if element_count(shape) != 1:
+                fail("tie-shape", f"tensor {name!r} is tied without block, so it is one value, "
+                     f"but its shape is {shape}")
+        elif len(axes) != len(block) or len(set(axes)) != len(axes) \
+                or any(a >= len(grid) for a in axes):
+            fail("tie-shape", f"tensor {name!r}: axes {axes} are not {len(block)} distinct "
+                 f"dimensions of the grid {grid}")
+        elif len(shape) < len(block) or any(shape[j] != -(-grid[a] // block[j])
+                                            for j, a in enumerate(axes)):
+            fail("tie-shape", f"tensor {name!r}: shape {shape} is not ceil(grid / block) for "
+                 f"the grid {grid}, block {block} on axes {axes}")
+        mine = {p["rank"]: p for p in record["pieces"]}  # rule 4
+        theirs = {p["rank"]: p for p in base["pieces"]}
+        if set(mine) != set(theirs):
+            fail("tie-split", f"tensor {name!r} is held by ranks {sorted(mine)}, its base "
+                 f"{base_name!r} by ranks {sorted(theirs)}")
+        for rank, piece in sorted(theirs.items()):
+            offset, size = piece["offset"], piece["shape"]
+            if any(offset[d] or size[d] != base["shape"][d]
+                   for d in range(len(grid), len(offset))):
+                fail("tie-split", f"tensor {name!r}: rank {rank}'s piece of {base_name!r} "
+                     "splits an inner dimension")
+            want_offset, want_shape = [0] * len(shape), list(shape)  # inner dims: whole
+            for j, (a, b) in enumerate(zip(axes, block or (), strict=True)):
+                lo, hi = offset[a] * packs[a], (offset[a] + size[a]) * packs[a]
+                if lo % b or (hi % b and hi != grid[a]):
+                    fail("tie-split", f"tensor {name!r}: rank {rank}'s piece of {base_name!r} "
+                         f"spans grid elements {lo}..{hi} of dimension {a}, which cut a block "
+                         f"of {b}")
+                want_offset[j], want_shape[j] = lo // b, -(-hi // b) - lo // b
+            held = mine[rank]
+            if (held["offset"], held["shape"]) != (want_offset, want_shape):
+                fail("tie-split", f"tensor {name!r}: rank {rank} holds offset "
+                     f"{held['offset']}, shape {held['shape']}; its piece of {base_name!r} "
+                     f"needs offset {want_offset}, shape {want_shape}")
+
+
 # --- 6.3 The safetensors container -----------------------------------------------------------
 
 
@@ -669,6 +762,7 @@ def read_manifest(root: str, ignore: Collection[str], warnings: list[str]) -> di
     check_paths(m)  # 7. semantics
     check_layout(m)
     check_tensors(m)
+    check_ties(m)
     return m
 
 

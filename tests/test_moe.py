@@ -15,7 +15,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import shardspec
+from shardspec import Layout, RequestError
 from shardspec.convert import convert, merge
+from shardspec.reshard_load import reshard
 from shardspec.tp_plan import PlanError
 
 transformers = pytest.importorskip("transformers")
@@ -178,6 +180,13 @@ def test_qwen3_moe_tp2_ep2_pp2_ranks_merge_and_logits(tmp_path: Path) -> None:
     pieces = manifest.tensors["model.layers.1.mlp.experts.3.down_proj.weight"].pieces
     assert {p.rank for p in pieces} == {6, 7}
 
+    # reshard to one stage, four expert ranks, no tensor parallelism; then back to the bytes
+    reshard(tmp_path / "ckpt", tmp_path / "ep4", Layout(tp_size=1, ep_size=4))
+    assert shardspec.validate(tmp_path / "ep4", checksums=True).ok
+    assert_ranks(tmp_path / "ep4", state, tp=1, pp=1, ep=4, **shape)
+    merge(tmp_path / "ep4", tmp_path / "merged-ep4")
+    assert_merged_bytes(tmp_path / "merged-ep4", state)
+
     merge(tmp_path / "ckpt", tmp_path / "merged")
     assert_merged_bytes(tmp_path / "merged", state)
     merged = transformers.Qwen3MoeForCausalLM.from_pretrained(tmp_path / "merged").eval()
@@ -204,6 +213,20 @@ def test_deepseek_v3_fp8_tp2_ep2_ranks_scales_and_merge(tmp_path: Path) -> None:
     assert_ranks(tmp_path / "ckpt", state, tp=2, pp=1, ep=2, **shape)
     merge(tmp_path / "ckpt", tmp_path / "merged")
     assert_merged_bytes(tmp_path / "merged", state)
+
+    # another TP and EP: every scale still follows its weight's blocks
+    reshard(tmp_path / "ckpt", tmp_path / "tp1-ep4", Layout(tp_size=1, ep_size=4))
+    assert shardspec.validate(tmp_path / "tp1-ep4", checksums=True).ok
+    assert_ranks(tmp_path / "tp1-ep4", state, tp=1, pp=1, ep=4, **shape)
+    assert shardspec.open(tmp_path / "tp1-ep4").manifest.tensors[
+        weight + "_scale_inv"].tied_to == record.tied_to
+    merge(tmp_path / "tp1-ep4", tmp_path / "merged-tp1-ep4")
+    assert_merged_bytes(tmp_path / "merged-tp1-ep4", state)
+    # TP=4 would cut o_proj's 256 input features at 64, inside a 128-wide scale block
+    with pytest.raises(RequestError, match="inside a block of 128") as info:
+        shardspec.load_rank(tmp_path / "ckpt", 0, layout=Layout(tp_size=4, ep_size=2))
+    assert info.value.code == "reshard-unsupported"
+    assert info.value.finding.tensor.endswith("_scale_inv")
 
 
 def test_a_split_through_a_scale_block_is_refused_before_writing(tmp_path: Path) -> None:

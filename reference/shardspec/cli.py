@@ -243,6 +243,7 @@ def _inspect_dict(manifest: Manifest) -> dict[str, Any]:
             "global": sum(1 for t in records if not t.rank_local),
             "rank_local": sum(1 for t in records if t.rank_local),
             "aliases": sum(1 for t in manifest.tensors.values() if isinstance(t, Alias)),
+            "tied": sum(1 for t in records if t.tied_to is not None),
         },
         "dtypes": dict(sorted(Counter(t.dtype for t in records).items())),
         "ranks": per_rank,
@@ -278,7 +279,8 @@ def inspect_command(
               + (f" {json.dumps(dict(quant.config))}" if quant.config else ""))
     counts = info["tensors"]
     out.print(f"tensors: {counts['total']} ({counts['global']} global, {counts['rank_local']} "
-              f"rank-local, {counts['aliases']} alias{'' if counts['aliases'] == 1 else 'es'}); "
+              f"rank-local, {counts['aliases']} alias{'' if counts['aliases'] == 1 else 'es'}, "
+              f"{counts['tied']} tied to a quantized weight); "
               "dtypes: "
               + ", ".join(f"{k} x{v}" for k, v in info["dtypes"].items()))
     table = Table("rank", "tp", "pp", "ep", "tensors", "files", "bytes")

@@ -93,6 +93,10 @@ class _Names(str, Enum):
     vllm = "vllm"
 
 
+class _Quantize(str, Enum):
+    fp8 = "fp8"
+
+
 @app.command("convert")
 def convert_command(
     src: Annotated[str, typer.Argument(help="The Hugging Face checkpoint directory (local).",
@@ -102,10 +106,14 @@ def convert_command(
         show_default=False)],
     tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size.")],
     pp: Annotated[int, typer.Option("--pp", min=1, help="Pipeline-parallel size.")] = 1,
+    ep: Annotated[int, typer.Option(
+        "--ep", min=1, help="Expert-parallel size: each layer's routed experts are dealt to "
+        "expert ranks in contiguous blocks (it must divide the number of experts).")] = 1,
     plan: Annotated[Path | None, typer.Option(
         "--plan", help="JSON file mapping name patterns to TP styles (colwise, rowwise, "
-        "replicate, embedding...). Default: config.json's base_model_tp_plan, else the "
-        "built-in plan for Llama, Mistral and Qwen2.")] = None,
+        "replicate, embedding...). Default: the built-in plan of Mixtral, Qwen2/3-MoE and "
+        "DeepSeek-V2/V3; else config.json's base_model_tp_plan; else the built-in plan for "
+        "Llama, Mistral and Qwen2/3.")] = None,
     stages: Annotated[Path | None, typer.Option(
         "--stages", help="JSON file mapping name patterns to pipeline stages, overriding the "
         "default (contiguous layers; embedding first, final norm and LM head last).")] = None,
@@ -122,20 +130,29 @@ def convert_command(
         help="Tensor names: hf keeps Hugging Face's; vllm writes vLLM's fused qkv_proj and "
         "gate_up_proj per rank (rank-local; TP > 1, PP = 1 only) for its sharded_state "
         "loader.")] = _Names.hf,
+    quantize: Annotated[_Quantize | None, typer.Option(
+        "--quantize", help="Quantize on the way: fp8 writes linear weights as F8_E4M3 with "
+        "128x128 block scales (weight_scale_inv, as DeepSeek-V3 and vLLM's fp8 method).")
+    ] = None,
 ) -> None:
-    """Convert a Hugging Face checkpoint into a TP x PP shardspec checkpoint, streaming."""
+    """Convert a Hugging Face checkpoint into a TP x PP x EP shardspec checkpoint, streaming.
+
+    Pre-quantized checkpoints (FP8 with scales, AWQ, GPTQ, MXFP4) keep their scales and zero
+    points with the slices of their weights; a split through a block is refused."""
     from .convert import convert  # imports torch: only when the command runs
     cap = parse_size(max_file_size)
     started = time.perf_counter()
     with _errors():
         tp_plan = load_plan_file(plan) if plan is not None else None
         with _progress("converting") as progress:
-            manifest = convert(src, dst, tp_size=tp, pp_size=pp, plan=tp_plan,
+            manifest = convert(src, dst, tp_size=tp, pp_size=pp, ep_size=ep, plan=tp_plan,
                                stages=_load_stages(stages), allow_uneven=allow_uneven,
                                max_file_size=cap, overwrite=overwrite, progress=progress,
-                               names=names.value, storage_options=storage_options_for(dst))
+                               names=names.value,
+                               quantize=None if quantize is None else quantize.value,
+                               storage_options=storage_options_for(dst))
     size = sum(f.size for r in manifest.ranks for f in r.files)
-    out.print(f"[bold green]converted[/] {src} -> {dst}: tp={tp} pp={pp}, "
+    out.print(f"[bold green]converted[/] {src} -> {dst}: tp={tp} pp={pp} ep={ep}, "
               f"{len(manifest.tensors)} tensors, {manifest.world_size} ranks, "
               f"{sum(len(r.files) for r in manifest.ranks)} data files ({_human(size)}), "
               f"{len(manifest.extra_files)} extra files in {time.perf_counter() - started:.1f} s")

@@ -49,6 +49,10 @@ def reshard_command(
                                     show_default=False)],
     pp: Annotated[int | None, typer.Option(
         "--pp", help="The new pp_size (default: the checkpoint's).", min=1, max=65536)] = None,
+    ep: Annotated[int | None, typer.Option(
+        "--ep", help="The new ep_size (default: the checkpoint's). Routed experts move whole to "
+        "their new expert rank; it must divide each layer's number of experts.", min=1,
+        max=65536)] = None,
     overwrite: Annotated[bool, typer.Option(
         "--overwrite", help="Replace a checkpoint already in DESTINATION.")] = False,
     verify: Annotated[bool, typer.Option(
@@ -64,7 +68,7 @@ def reshard_command(
         "further asks a range per row: 1.0 fetches whole rows in a few requests instead.")
     ] = None,
 ) -> None:
-    """Write SOURCE again at DESTINATION with another tp_size and pp_size (SPEC 11.3).
+    """Write SOURCE again at DESTINATION with another tp_size, pp_size or ep_size (SPEC 11.3).
 
     Each new rank's pieces are read from the byte ranges of the source files that hold them,
     one rank at a time. Rank-local tensors cannot be resharded.
@@ -72,8 +76,8 @@ def reshard_command(
     from .reshard_load import reshard  # imports torch: only when the command runs
 
     old: Manifest = _open(source, ignore_extension).manifest
-    layout = Layout(tp_size=tp, pp_size=pp or old.layout.pp_size, ep_size=old.layout.ep_size,
-                    rank_order=old.layout.rank_order)
+    layout = Layout(tp_size=tp, pp_size=pp or old.layout.pp_size,
+                    ep_size=ep or old.layout.ep_size, rank_order=old.layout.rank_order)
     # (prefixes in object storage are compared by reshard() itself, however they are spelt)
     if (not is_remote(source) and not is_remote(destination) and Path(destination).exists()
             and os.path.realpath(destination) == os.path.realpath(source)):
@@ -105,5 +109,6 @@ def reshard_command(
         _cannot_run(f"{destination}: {exc}")
     size = sum(f.size for r in manifest.ranks for f in r.files)
     out.print(f"[bold green]resharded[/] {source} (tp={old.layout.tp_size} "
-              f"pp={old.layout.pp_size}) -> {destination} (tp={layout.tp_size} "
-              f"pp={layout.pp_size}): {layout.size} ranks, {_human(size)} of data")
+              f"pp={old.layout.pp_size} ep={old.layout.ep_size}) -> {destination} "
+              f"(tp={layout.tp_size} pp={layout.pp_size} ep={layout.ep_size}): {layout.size} "
+              f"ranks, {_human(size)} of data")

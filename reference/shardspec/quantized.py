@@ -69,6 +69,10 @@ def infer_tie(base: str, grid: tuple[int, ...], shape: tuple[int, ...],
         return Tie(tensor=base)
     rank = min(len(shape), len(grid))
     if block is None:
+        # Trailing dims of size 1 are inner: a per-channel [o, 1] scale broadcasts over the
+        # input features, so a row-parallel split keeps it whole on every rank.
+        while rank > 1 and shape[rank - 1] == 1 and grid[rank - 1] > 1:
+            rank -= 1
         if any(s == 0 for s in shape[:rank]):
             return None
         block = tuple(-(-grid[d] // shape[d]) for d in range(rank))

@@ -311,6 +311,14 @@ def _inspect_tensor(manifest: Manifest, name: str, as_json: bool) -> None:
     kind = "rank-local" if record.rank_local else f"global shape {list(record.shape or ())}"
     out.print(f"[bold]{name}[/]" + (f" (alias of {alias_of})" if alias_of else "")
               + f": {record.dtype}, {kind}, {len(record.pieces)} pieces")
+    if record.logical is not None:
+        out.print(f"stands for {record.logical.dtype} {list(record.logical.shape)} (SPEC 8.2)")
+    if record.tied_to is not None:
+        tie = record.tied_to
+        blocks = "one value for the whole weight" if tie.block is None else (
+            f"blocks {list(tie.block)}"
+            + ("" if tie.axes is None else f" along its grid dims {list(tie.axes)}"))
+        out.print(f"tied to {tie.tensor}: {blocks} (SPEC 8.4)")
     split_dims = _split_dims(record)
     width = 40
     table = Table("rank", "replica", "offset", "shape", "slice" if split_dims else "", "file")

@@ -141,6 +141,9 @@ def check_ties(manifest: Manifest) -> Iterator[Finding]:
     """SPEC 8.4: every tie names a usable base, has the shape its blocks give, and each rank's
     piece of a tied tensor is the block-aligned one its piece of the base fixes."""
     tensors = manifest.tensors
+    # Experts repeat the same shapes and splits thousands of times: each distinct case of
+    # (base shape, grid, base piece, blocks, tied shape) is computed once.
+    cache: dict[tuple[object, ...], Box | str] = {}
     for name, record in tensors.items():
         if not isinstance(record, TensorRecord) or record.tied_to is None \
                 or record.shape is None:
@@ -149,12 +152,13 @@ def check_ties(manifest: Manifest) -> Iterator[Finding]:
         if problem is not None:
             yield problem
             continue
-        finding = _placement_problem(name, record, tensors[record.tied_to.tensor])
+        finding = _placement_problem(name, record, tensors[record.tied_to.tensor], cache)
         if finding is not None:
             yield finding
 
 
-def _placement_problem(name: str, record: TensorRecord, base: object) -> Finding | None:
+def _placement_problem(name: str, record: TensorRecord, base: object,
+                       cache: dict[tuple[object, ...], Box | str]) -> Finding | None:
     assert isinstance(base, TensorRecord) and record.tied_to is not None
     assert record.shape is not None
     tie = record.tied_to
@@ -168,9 +172,15 @@ def _placement_problem(name: str, record: TensorRecord, base: object) -> Finding
         return Finding(code="tie-split", tensor=name,
                        message=f"tied to {tie.tensor!r}: {detail}",
                        hint="a tied tensor is held exactly where its base is (SPEC 8.4)")
+    ndim = len(base.shape or ())
     for rank, piece in theirs.items():
-        ndim = len(base.shape or ())
-        box = tied_box(base, (piece.offset or (0,) * ndim, piece.shape), tie, record.shape)
+        base_box = (piece.offset or (0,) * ndim, piece.shape)
+        key = (base.shape, base.logical, base_box, tie.block, tie.axes, record.shape)
+        box = cache.get(key)
+        if box is None:
+            box = cache[key] = tied_box(base, base_box, tie, record.shape)
+        if isinstance(box, str):  # the message names this tensor's base, not a cached one's
+            box = tied_box(base, base_box, tie, record.shape)
         if isinstance(box, str):
             return Finding(code="tie-split", tensor=name,
                            message=f"rank {rank}: {box} of {name!r}")

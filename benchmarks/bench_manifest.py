@@ -43,6 +43,7 @@ default sizes; ``--sizes 10000,100000`` takes under one).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -63,11 +64,13 @@ from shardspec.dtypes import DTYPES, byte_size
 from shardspec.manifest import (
     FileRecord,
     Layout,
+    Logical,
     Manifest,
     Piece,
     Quantization,
     RankRecord,
     TensorRecord,
+    Tie,
 )
 from shardspec.writer import data_file_name
 
@@ -118,10 +121,30 @@ def _tp_over_ep(name: str, shape: tuple[int, ...], dim: int) -> tuple[str, Tenso
     return _split(name, "BF16", shape, dim, _group(0), [_group(ep) for ep in range(1, EP)])
 
 
-def moe_tensors(pieces: int) -> dict[str, TensorRecord]:
-    """About ``pieces`` pieces of a DeepSeek-V3-shaped model at TP=8 x EP=8."""
+def _with_scale(name: str, record: TensorRecord) -> list[tuple[str, TensorRecord]]:
+    """An FP8 weight with its logical record and its 128 x 128 block scale tied to it (SPEC
+    8.4), one scale piece on every rank that holds a piece of the weight."""
+    def blocks(offset: tuple[int, ...], shape: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+        lo = tuple(o // 128 for o in offset)
+        hi = tuple(-(-(o + n) // 128) for o, n in zip(offset, shape, strict=True))
+        return lo, tuple(h - low for h, low in zip(hi, lo, strict=True))
+
+    assert record.shape is not None
+    whole = blocks((0,) * len(record.shape), record.shape)[1]
+    scale = TensorRecord(
+        dtype="F32", shape=whole, tied_to=Tie(tensor=name, block=(128, 128)),
+        pieces=tuple(dataclasses.replace(p, offset=blocks(p.offset or (), p.shape)[0],
+                                         shape=blocks(p.offset or (), p.shape)[1])
+                     for p in record.pieces))
+    weight = dataclasses.replace(record, logical=Logical(dtype="BF16", shape=record.shape))
+    return [(name, weight), (name + "_scale_inv", scale)]
+
+
+def moe_tensors(pieces: int, scales: bool = False) -> dict[str, TensorRecord]:
+    """About ``pieces`` pieces of a DeepSeek-V3-shaped model at TP=8 x EP=8 (with ``scales``,
+    its FP8 experts carry their block scales as DeepSeek ships them)."""
     experts = EXPERTS if pieces >= 50_000 else 64
-    per_layer = DENSE_PIECES + experts * EXPERT_PIECES
+    per_layer = DENSE_PIECES + experts * EXPERT_PIECES * (2 if scales else 1)
     layers = max(1, round((pieces - OUTER_PIECES) / per_layer))
     tensors = dict([_tp_over_ep("model.embed_tokens.weight", (VOCAB, HIDDEN), 0)])
     for layer in range(layers):
@@ -138,11 +161,12 @@ def moe_tensors(pieces: int) -> dict[str, TensorRecord]:
         for e in range(experts):
             q = f"{p}mlp.experts.{e}."
             holders = _group(e * EP // experts)
-            tensors.update([
+            for name, record in [
                 _split(q + "gate_proj.weight", "F8_E4M3", (MOE_INTER, HIDDEN), 0, holders),
                 _split(q + "up_proj.weight", "F8_E4M3", (MOE_INTER, HIDDEN), 0, holders),
                 _split(q + "down_proj.weight", "F8_E4M3", (HIDDEN, MOE_INTER), 1, holders),
-            ])
+            ]:
+                tensors.update(_with_scale(name, record) if scales else [(name, record)])
     tensors.update([_replicated("model.norm.weight", (HIDDEN,)),
                     _tp_over_ep("lm_head.weight", (VOCAB, HIDDEN), 0)])
     return tensors
@@ -163,10 +187,10 @@ def _header(entries: list[tuple[str, str, tuple[int, ...]]]) -> tuple[bytes, int
     return struct.pack("<Q", len(text)) + text, position
 
 
-def write_checkpoint(root: Path, pieces: int) -> Manifest:
+def write_checkpoint(root: Path, pieces: int, scales: bool = False) -> Manifest:
     """The manifest of about ``pieces`` pieces, and one sparse data file per rank."""
     root.mkdir(parents=True)
-    tensors = moe_tensors(pieces)
+    tensors = moe_tensors(pieces, scales)
     held: dict[int, list[tuple[str, str, tuple[int, ...]]]] = {r: [] for r in range(WORLD)}
     for name, record in tensors.items():
         for piece in record.pieces:
@@ -265,6 +289,9 @@ def main() -> None:
                         help="approximate piece counts, comma-separated")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-validate", action="store_true", help="skip validate()")
+    parser.add_argument("--scales", action="store_true",
+                        help="FP8 experts with their tied 128x128 block scales (SPEC 8.4), "
+                        "as DeepSeek-V3 ships them: half the pieces are scales")
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--before", type=Path, default=None,
                         help="an older reference/ directory to time too, in a child process")
@@ -287,7 +314,7 @@ def main() -> None:
         for target in (int(s) for s in args.sizes.split(",")):
             root = work / f"p{target}"
             start = time.perf_counter()
-            manifest = write_checkpoint(root, target)
+            manifest = write_checkpoint(root, target, args.scales)
             built = time.perf_counter() - start
             data = (root / limits.MANIFEST_NAME).read_bytes()
             lifted = lift_manifest_limit(len(data))

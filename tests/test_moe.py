@@ -37,8 +37,9 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
 #: these models
 SPLIT = [
     (r"embed_tokens\.weight$", 0), (r"lm_head\.weight$", 0),
-    (r"(q_proj|k_proj|v_proj|q_b_proj|kv_b_proj)\.weight$", 0), (r"o_proj\.weight$", 1),
-    (r"(gate_proj|up_proj)\.weight$", 0), (r"down_proj\.weight$", 1),
+    (r"(q_proj|k_proj|v_proj|q_b_proj|kv_b_proj)\.(weight|bias)$", 0), (r"o_proj\.weight$", 1),
+    (r"(gate_proj|up_proj|w1|w3)\.weight$", 0), (r"(down_proj|w2)\.weight$", 1),
+    (r"block_sparse_moe\.gate\.", None), (r"shared_expert_gate\.", None),
     (r"(q_a_proj|kv_a_proj_with_mqa)\.weight$", None), (r"mlp\.gate\.", None),
     (r"norm\.weight$", None), (r"layernorm\.weight$", None),
 ]
@@ -254,6 +255,69 @@ def test_quantize_fp8_on_convert_matches_block_quantization(tmp_path: Path) -> N
     assert_merged_bytes(tmp_path / "merged", quantized)
     config = json.loads((tmp_path / "merged" / "config.json").read_text())
     assert config["quantization_config"]["quant_method"] == "fp8"
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe"])
+def test_mixtral_and_qwen2_moe_tp2_ep2(tmp_path: Path, kind: str) -> None:
+    if kind == "mixtral":
+        config = transformers.MixtralConfig(
+            hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=128, num_local_experts=4,
+            max_position_embeddings=64)
+        model_class = transformers.MixtralForCausalLM
+    else:  # a shared expert with its sigmoid gate, and q/k/v biases
+        config = transformers.Qwen2MoeConfig(
+            hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+            shared_expert_intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=128, num_experts=4, num_experts_per_tok=2,
+            max_position_embeddings=64)
+        model_class = transformers.Qwen2MoeForCausalLM
+    torch.manual_seed(2)
+    model = model_class(config).eval()
+    model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    state = original(tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "ckpt", tp_size=2, ep_size=2)
+    assert shardspec.validate(tmp_path / "ckpt", checksums=True).ok
+    assert_ranks(tmp_path / "ckpt", state, tp=2, pp=1, ep=2, layers=2, experts=4)
+    merge(tmp_path / "ckpt", tmp_path / "merged")
+    assert_merged_bytes(tmp_path / "merged", state)
+
+
+def test_stacked_experts_over_expert_ranks_and_back(tmp_path: Path) -> None:
+    """Experts stored stacked (transformers' ``mlp.experts.gate_up_proj``, a leading expert
+    dim): cut along dim 0 by expert rank, along their own dims by tensor rank."""
+    gen = torch.Generator().manual_seed(3)
+    experts, hidden, inter = 4, 32, 16
+    state = {
+        "model.layers.0.mlp.experts.gate_up_proj": torch.randn(experts, 2 * inter, hidden,
+                                                               generator=gen),
+        "model.layers.0.mlp.experts.down_proj": torch.randn(experts, hidden, inter,
+                                                            generator=gen),
+        "model.layers.0.mlp.gate.weight": torch.randn(experts, hidden, generator=gen),
+    }
+    (tmp_path / "hf").mkdir()
+    save_file(state, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"model_type": "custom_moe"}))
+    plan = {"layers.*.mlp.experts.gate_up_proj": "replicate",  # fused gate/up: kept whole
+            "layers.*.mlp.experts.down_proj": "rowwise", "layers.*.mlp.gate": "replicate"}
+    convert(tmp_path / "hf", tmp_path / "ckpt", tp_size=2, ep_size=2, plan=plan)
+    assert shardspec.validate(tmp_path / "ckpt", checksums=True).ok
+    for rank in range(4):
+        ep_rank, tp_rank = divmod(rank, 2)
+        got = shardspec.load_rank(tmp_path / "ckpt", rank)
+        mine = {n: t.chunk(2, 0)[ep_rank] for n, t in state.items() if ".experts." in n}
+        assert torch.equal(got["model.layers.0.mlp.experts.gate_up_proj"],
+                           mine["model.layers.0.mlp.experts.gate_up_proj"])
+        assert torch.equal(got["model.layers.0.mlp.experts.down_proj"],
+                           mine["model.layers.0.mlp.experts.down_proj"].chunk(2, 2)[tp_rank])
+        assert torch.equal(got["model.layers.0.mlp.gate.weight"],
+                           state["model.layers.0.mlp.gate.weight"])
+    reshard(tmp_path / "ckpt", tmp_path / "ep4", Layout(tp_size=1, ep_size=4))
+    got = shardspec.load_rank(tmp_path / "ep4", 3)
+    assert torch.equal(got["model.layers.0.mlp.experts.down_proj"],
+                       state["model.layers.0.mlp.experts.down_proj"][3:4])
+    merge(tmp_path / "ep4", tmp_path / "merged")
+    assert_merged_bytes(tmp_path / "merged", state)
 
 
 def test_experts_that_expert_ranks_cannot_divide_are_refused(tmp_path: Path) -> None:

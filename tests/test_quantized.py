@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 import shardspec
+from shardspec import fp8
 from shardspec.convert import convert, merge
 from shardspec.tp_plan import PlanError
 
@@ -176,3 +179,38 @@ def test_fp8_channel_and_tensor_scales_follow_column_and_row_splits(tmp_path: Pa
     assert_rank_slices(tmp_path / "ckpt", expected)
     scale = manifest.tensors["model.layers.0.mlp.down_proj.weight_scale"]
     assert sorted(p.replica for p in scale.pieces) == [0, 1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 3), cols=st.integers(1, 3), tail_r=st.integers(0, 127),
+       tail_c=st.integers(0, 127), parts=st.integers(1, 3), dim=st.integers(0, 1),
+       seed=st.integers(0, 2**16))
+def test_fp8_blocks_of_a_piece_are_the_blocks_of_the_whole(
+        rows: int, cols: int, tail_r: int, tail_c: int, parts: int, dim: int, seed: int) -> None:
+    """Quantizing a block-aligned piece gives the same FP8 bytes and scales as slicing the
+    whole tensor's: what lets convert --quantize stream piece by piece."""
+    shape = (rows * 128 + tail_r, cols * 128 + tail_c)
+    weight = torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(
+        torch.bfloat16)
+    data, scales = fp8.quantize_block(weight.view(torch.uint8).numpy().tobytes(), "BF16", shape)
+    whole = torch.frombuffer(bytearray(data), dtype=torch.uint8).reshape(shape)
+    whole_scale = torch.frombuffer(bytearray(scales), dtype=torch.float32).reshape(
+        -(-shape[0] // 128), -(-shape[1] // 128))
+    # dequantizing gives the weight back to FP8's precision, every block scaled to its max
+    # (E4M3: 3 mantissa bits, so half an ulp is 1/16 relative; subnormals below 2^-6 step 2^-9)
+    scale = whole_scale.repeat_interleave(128, 0)[:shape[0]].repeat_interleave(128, 1)[
+        :, :shape[1]]
+    back = whole.view(torch.float8_e4m3fn).float() * scale
+    error = (back - weight.float()).abs()
+    assert bool((error <= weight.float().abs() / 16 + scale * 2**-10 + 1e-12).all())
+    blocks = -(-shape[dim] // 128)
+    edges = [min(shape[dim], round(blocks * k / parts) * 128) for k in range(parts + 1)]
+    for start, stop in zip(edges, edges[1:], strict=False):
+        if start == stop:
+            continue
+        piece = weight.narrow(dim, start, stop - start).contiguous()
+        got, got_scale = fp8.quantize_block(piece.view(torch.uint8).numpy().tobytes(), "BF16",
+                                            tuple(piece.shape))
+        assert got == whole.narrow(dim, start, stop - start).contiguous().numpy().tobytes()
+        lo, hi = start // 128, -(-stop // 128)
+        assert got_scale == whole_scale.narrow(dim, lo, hi - lo).contiguous().numpy().tobytes()

@@ -214,3 +214,70 @@ def test_fp8_blocks_of_a_piece_are_the_blocks_of_the_whole(
         assert got == whole.narrow(dim, start, stop - start).contiguous().numpy().tobytes()
         lo, hi = start // 128, -(-stop // 128)
         assert got_scale == whole_scale.narrow(dim, lo, hi - lo).contiguous().numpy().tobytes()
+
+
+def fp8_source(root: Path, scale_name: str, scale: torch.Tensor, shape: tuple[int, int],
+               quant: dict[str, Any]) -> None:
+    module = "model.layers.0.mlp.up_proj"
+    write_hf(root, {f"{module}.weight": torch.zeros(*shape).to(torch.float8_e4m3fn),
+                    f"{module}.{scale_name}": scale},
+             {"model_type": "llama", "quantization_config": {"quant_method": "fp8", **quant}})
+
+
+def test_a_block_size_the_shapes_do_not_fix_is_taken_from_the_config_or_refused(
+        tmp_path: Path) -> None:
+    # [200, 128] with 2 x 1 scales: blocks of 100..199 rows all give 2; never guessed
+    fp8_source(tmp_path / "a", "weight_scale_inv", torch.ones(2, 1), (200, 128), {})
+    with pytest.raises(PlanError, match="weight_block_size"):
+        convert(tmp_path / "a", tmp_path / "a-out", tp_size=2)
+    # the config's block applies whatever the scale's name (compressed-tensors' weight_scale)
+    fp8_source(tmp_path / "b", "weight_scale", torch.ones(2, 1), (200, 128),
+               {"weight_block_size": [128, 128]})
+    with pytest.raises(PlanError, match="inside a block or pack of 128"):
+        convert(tmp_path / "b", tmp_path / "b-out", tp_size=2)
+    manifest = convert(tmp_path / "b", tmp_path / "b-out", tp_size=1)
+    assert manifest.tensors["model.layers.0.mlp.up_proj.weight_scale"].tied_to == shardspec.Tie(
+        tensor="model.layers.0.mlp.up_proj.weight", block=(128, 128))
+
+
+def test_an_activation_scale_of_many_values_is_refused(tmp_path: Path) -> None:
+    module = "model.layers.0.mlp.up_proj"
+    write_hf(tmp_path / "hf", {f"{module}.weight": torch.zeros(8, 8).to(torch.float8_e4m3fn),
+                               f"{module}.weight_scale": torch.ones(()),
+                               f"{module}.input_scale": torch.ones(8)},
+             {"model_type": "llama", "quantization_config": {"quant_method": "fp8"}})
+    with pytest.raises(PlanError, match="input_scale.*activation scale"):
+        convert(tmp_path / "hf", tmp_path / "out", tp_size=2)
+
+
+def test_gptq_act_order_keeps_its_scales_untied_and_is_not_split(tmp_path: Path) -> None:
+    write_hf(tmp_path / "hf", int4_model("gptq"), int4_config("gptq", desc_act=True))
+    manifest = convert(tmp_path / "hf", tmp_path / "tp1", tp_size=1)
+    tensors = manifest.tensors
+    assert tensors["model.layers.0.self_attn.o_proj.scales"].tied_to is None
+    assert tensors["model.layers.0.self_attn.o_proj.g_idx"].tied_to is not None
+    with pytest.raises(PlanError, match="desc_act"):
+        convert(tmp_path / "hf", tmp_path / "tp2", tp_size=2)
+
+
+def test_int4_packings_convert_does_not_know_are_refused(tmp_path: Path) -> None:
+    write_hf(tmp_path / "hf", int4_model("awq"), {**int4_config("awq"), "quantization_config": {
+        "quant_method": "awq", "bits": 3, "group_size": 16}})
+    with pytest.raises(PlanError, match="3-bit"):
+        convert(tmp_path / "hf", tmp_path / "out", tp_size=1)
+
+
+def test_uneven_splits_of_a_block_quantized_weight_deal_whole_blocks(tmp_path: Path) -> None:
+    module = "model.layers.0.mlp.up_proj"
+    weight = torch.randn(384, 64, generator=GEN).to(torch.float8_e4m3fn)
+    scale = torch.rand(3, 1, generator=GEN)
+    write_hf(tmp_path / "hf", {f"{module}.weight": weight, f"{module}.weight_scale_inv": scale},
+             {"model_type": "llama", "quantization_config": {
+                 "quant_method": "fp8", "weight_block_size": [128, 128]}})
+    with pytest.raises(PlanError, match="boundary at element 192, inside a block"):
+        convert(tmp_path / "hf", tmp_path / "even", tp_size=2)
+    convert(tmp_path / "hf", tmp_path / "ckpt", tp_size=2, allow_uneven=True)
+    assert shardspec.validate(tmp_path / "ckpt").ok
+    assert_rank_slices(tmp_path / "ckpt", {
+        0: {f"{module}.weight": weight[:256], f"{module}.weight_scale_inv": scale[:2]},
+        1: {f"{module}.weight": weight[256:], f"{module}.weight_scale_inv": scale[2:]}})

@@ -294,6 +294,10 @@ def test_limits_stated_in_prose_appear_in_spec() -> None:
     assert f"`{limits.MANIFEST_NAME}`" in section_body(text, "2.1")
     assert str(limits.DEFAULT_MAX_FILE_SIZE) in section_body(text, "6.1")
     assert f'"{limits.SUPPORTED_MAJOR}.{limits.SUPPORTED_MINOR}"' in section_body(text, "4.1")
+    for name in ("SUPPORTED_MAJOR", "SUPPORTED_MINOR"):  # restated in section 12's prose
+        for section in ("4.1", "12"):
+            stated = re.findall(rf"`{name}`\s+(?:=\s+)?(\d+)", section_body(text, section))
+            assert stated == [str(getattr(limits, name))], (name, section, stated)
 
 
 def test_error_code_table_equals_registry_both_ways() -> None:

@@ -59,3 +59,23 @@ def test_tie_problems_have_their_codes() -> None:
     assert code(Tie(tensor="w"), (2,)) == "tie-shape"
     tensors["w"] = record("I32", (64, 5), logical=(64, 64))
     assert code(Tie(tensor="w", block=(16, 8)), (4, 8)) == "tie-shape"
+
+
+def test_a_base_piece_outside_its_tensor_is_left_to_the_bounds_rules() -> None:
+    """A malformed base piece is piece-bounds (7.2), not a crash of the tie check."""
+    from shardspec import Layout
+    from shardspec.checks import check_manifest
+    from shardspec.manifest import FileRecord, Manifest, Quantization, RankRecord
+
+    layout = Layout(tp_size=2)
+    ranks = tuple(RankRecord(rank=r, **layout.coordinates(r), files=(FileRecord(
+        path=f"r{r}", size=1, checksums={"sha256": "0" * 64}),)) for r in range(2))
+    weight = TensorRecord(dtype="F8_E4M3", shape=(256, 256), pieces=(
+        Piece(rank=0, file="r0", shape=(256, 128), offset=(0, 0)),
+        Piece(rank=1, file="r1", shape=(256, 128), offset=(0,))))
+    scale = TensorRecord(dtype="F32", shape=(2, 2), tied_to=Tie(tensor="w", block=(128, 128)),
+                         pieces=(Piece(rank=0, file="r0", shape=(2, 1), offset=(0, 0)),
+                                 Piece(rank=1, file="r1", shape=(2, 1), offset=(0, 1))))
+    manifest = Manifest(format_version="1.2", layout=layout, ranks=ranks,
+                        quantization=Quantization(), tensors={"w": weight, "s": scale})
+    assert [f.code for f in check_manifest(manifest)] == ["piece-bounds", "coverage-gap"]

@@ -181,7 +181,16 @@ def _units(grid: tuple[int, ...], pack: tuple[int, ...], ties: list[Tie]) -> lis
 
 def _aligned_sizes(name: str, length: int, parts: int, unit: int, what: str,
                    allow_uneven: bool, dim: int) -> list[int]:
-    """``split_sizes`` of ``length`` over ``parts``, each boundary a multiple of ``unit``."""
+    """``split_sizes`` of ``length`` over ``parts``, each boundary a multiple of ``unit``.
+
+    Uneven splits (``allow_uneven``) deal whole units, the first ranks one more, and the last
+    piece holding anything ends at ``length``; even ones must land on units by themselves."""
+    if allow_uneven and unit > 1:
+        units = split_sizes(-(-length // unit), parts, allow_uneven=True, name=name, dim=dim)
+        sizes = [n * unit for n in units]
+        last = max(i for i, n in enumerate(sizes) if n) if any(sizes) else 0
+        sizes[last] -= sum(sizes) - length
+        return sizes
     sizes = split_sizes(length, parts, allow_uneven=allow_uneven, name=name, dim=dim)
     edge = 0
     for size in sizes[:-1]:
@@ -271,9 +280,11 @@ def _split(name: str, src: SourceTensor, style: str, base: Base | None, expert: 
     if dim is not None and base is not None and base.input_major and ndim >= 2 \
             and dim >= ndim - 2:
         dim = (2 * ndim - 3) - dim  # the grid is [in, out]: swap the last two dims
-    if dim is not None and base is not None and base.act_order and dim == ndim - 2:
-        raise PlanError(f"tensor {name!r}: GPTQ with desc_act (act-order) cannot be split along "
-                        "its input features: its groups are not blocks of them (SPEC 8.4)")
+    if dim is not None and base is not None and base.act_order and layout.tp_size > 1:
+        raise PlanError(f"tensor {name!r}: GPTQ with desc_act (act-order) cannot be split: its "
+                        "scales and zero points follow g_idx's groups, which are not blocks of "
+                        "the weight (SPEC 8.4), so nothing records which go with a slice; keep "
+                        "it whole (style 'replicate') or convert a checkpoint without desc_act")
     sizes: tuple[int, ...] = ()
     if dim is not None:
         grid_sizes = _aligned_sizes(name, grid[dim], layout.tp_size, units[dim],

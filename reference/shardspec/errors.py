@@ -232,7 +232,8 @@ CODES: dict[str, Code] = {
     "coverage-overlap": _e(TensorRecordError, "7.3", "pieces cover part of a tensor twice"),
     "replica-mismatch": _e(TensorRecordError, "7.4", "a replica differs from every primary piece"),
     "alias-target": _e(TensorRecordError, "7.6", "an alias points at a missing tensor or alias"),
-    "tie-target": _e(TensorRecordError, "8.4", "a tie names a missing, aliased or tied base"),
+    "tie-target": _e(TensorRecordError, "8.4", "a tie names a missing, aliased, rank-local or "
+                     "tied base"),
     "tie-shape": _e(TensorRecordError, "8.4", "a tied tensor's shape disagrees with its blocks"),
     "tie-split": _e(TensorRecordError, "8.4", "a tied tensor's pieces do not follow its base's"),
     "quantization-mismatch": _e(QuantizationError, "8.3", "another quantization was expected"),

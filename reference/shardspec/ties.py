@@ -172,7 +172,12 @@ def _placement_problem(name: str, record: TensorRecord, base: object,
         return Finding(code="tie-split", tensor=name,
                        message=f"tied to {tie.tensor!r}: {detail}",
                        hint="a tied tensor is held exactly where its base is (SPEC 8.4)")
-    ndim = len(base.shape or ())
+    assert base.shape is not None
+    ndim = len(base.shape)
+    if any(len(p.offset or ()) != ndim or len(p.shape) != ndim
+           or any(o + n > t for o, n, t in zip(p.offset or (), p.shape, base.shape, strict=True))
+           for p in base.pieces):
+        return None  # a piece outside its base is piece-bounds (7.2), found by _check_tensors
     for rank, piece in theirs.items():
         base_box = (piece.offset or (0,) * ndim, piece.shape)
         key = (base.shape, base.logical, base_box, tie.block, tie.axes, record.shape)

@@ -45,7 +45,7 @@ from shardspec.testing import (
     run_suite,
     write_output,
 )
-from shardspec.testing.adapter import OutputError
+from shardspec.testing.adapter import BatchReader, OutputError
 from shardspec.testing.profiles import conformance_defaults, profile_name
 from shardspec.testing.runner import run_generated, run_vectors
 
@@ -138,6 +138,82 @@ def test_reference_reader_script_follows_the_protocol(tmp_path: Path) -> None:
                                           "vectors/version-major-2.0/rank-0"]
     assert all(r.passed for r in results), [r.message for r in results]
     assert not notes
+
+
+def test_reference_reader_passes_the_whole_default_suite_in_the_batch_form(tmp_path: Path
+                                                                          ) -> None:
+    """The torch adapter, started once: the default run (every vector, 25 generated
+    checkpoints) through the batch protocol, with progress on stderr."""
+    script = CONFORMANCE / "examples" / "reference_reader.py"
+    result = CliRunner().invoke(app, [
+        "conformance", "--batch", "--reader", f"{PYTHON} {shlex.quote(str(script))} --batch",
+        "--keep", str(tmp_path / "kept")], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert re.search(r"PASS: \d{3} vector checks \(0 failed\); 25 generated", result.output)
+    assert "vectors 0/" in result.output and "checks passed" in result.output  # progress
+
+
+BATCH = """
+import os, sys
+for line in sys.stdin:
+    checkpoint, rank, output, ignore = line.rstrip("\\n").split("\\t")
+    behaviour = os.path.basename(checkpoint)
+    print(f"rank {rank} ignoring {ignore!r}", file=sys.stderr, flush=True)
+    if behaviour == "hang":
+        import time; time.sleep(60)
+    if behaviour == "exit":
+        sys.exit(3)
+    print("garbage" if behaviour == "garbage" else "error [x] no", flush=True)
+"""
+
+
+def test_batch_reader_restarts_after_a_hang_an_exit_and_a_bad_answer(tmp_path: Path) -> None:
+    script = tmp_path / "batch.py"
+    script.write_text(BATCH, encoding="utf-8")
+    out = tmp_path / "out"
+    with BatchReader(f"{PYTHON} {shlex.quote(str(script))}", timeout=2) as reader:
+        refused = reader.run(tmp_path / "fine", 0, out, ["a.b", "c.d"])
+        assert refused.exit_code == 1 and "error [x] no" in refused.stderr
+        assert "rank 0 ignoring 'a.b,c.d'" in refused.stderr
+        first = reader._process
+        hung = reader.run(tmp_path / "hang", 1, out)
+        assert hung.timed_out and "killed after 2 s" in hung.stderr
+        exited = reader.run(tmp_path / "exit", 2, out)
+        assert exited.exit_code == 1 and "exited without answering" in exited.stderr
+        garbage = reader.run(tmp_path / "garbage", 3, out)
+        assert not garbage.accepted and "not a batch answer" in garbage.stderr
+        again = reader.run(tmp_path / "fine", 4, out)
+        assert again.exit_code == 1 and "rank 4" in again.stderr
+        assert reader._process is not first  # started again after the hang
+
+
+def test_batch_reader_loads_like_the_command_form(tmp_path: Path) -> None:
+    script = CONFORMANCE / "examples" / "reference_reader.py"
+    with BatchReader(f"{PYTHON} {shlex.quote(str(script))} --batch") as reader:
+        results, _ = run_vectors(reader, VECTORS, select="valid-tp2-*,version-major-2.0,"
+                                 "valid-extension-ignored-by-user")
+    assert results and all(r.passed for r in results), [r.message for r in results if
+                                                          not r.passed]
+
+
+def test_quick_checks_each_vector_once_and_few_generated(tmp_path: Path) -> None:
+    result = invoke("--reader", f"{PYTHON} {shlex.quote(str(MINIMAL))}", "--quick",
+                    "--keep", str(tmp_path / "kept"), "--junit", str(tmp_path / "j.xml"))
+    assert result.exit_code == 0, result.output
+    vectors, generated = ET.parse(tmp_path / "j.xml").getroot().findall("testsuite")
+    ranked = [p for p in VECTORS.glob("*/vector.json")
+              if json.loads(p.read_text(encoding="utf-8"))["ranks"]]
+    assert int(vectors.get("tests", "0")) == len(ranked)  # one check each
+    assert "5 generated checkpoints" in result.output
+
+
+def test_a_failure_names_the_element_and_bytes_that_differ(tmp_path: Path) -> None:
+    flips = CONFORMANCE / "broken_readers" / "flips_byte.py"
+    reader = CommandReader(f"{PYTHON} {shlex.quote(str(flips))}")
+    results, _ = run_vectors(reader, VECTORS, select="valid-tp1-minimal")
+    assert not results[0].passed
+    assert re.search(r"differs from byte \d+ on \(element \[[\d, ]+\]: expected byte "
+                     r"0x[0-9a-f]{2}, got 0x[0-9a-f]{2}\)", results[0].message)
 
 
 # --- readers that do not -------------------------------------------------------------------

@@ -8,14 +8,78 @@ could not run (no vectors found, Hypothesis missing, a bad command).
 from __future__ import annotations
 
 import shlex
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
+from rich.text import Text
 
 from .cli import EXIT_INVALID, EXIT_OK, _cannot_run, app, err, out
 
-__all__ = ["conformance_command"]
+if TYPE_CHECKING:
+    from .testing.checks import CheckResult
+    from .testing.runner import Progress
+
+__all__ = ["QUICK_EXAMPLES", "conformance_command"]
+
+#: Generated checkpoints of a ``--quick`` run.
+QUICK_EXAMPLES = 5
+#: Seconds between progress lines when stderr is not a terminal.
+_EVERY = 5.0
+
+
+class _Shown:  # a runner.Progress, which needs Hypothesis to import
+    """Progress on stderr: a status line on a terminal, else a line every few seconds and at
+    each part; every failure as soon as it is found."""
+
+    def __init__(self) -> None:
+        self._status: Any = err.status("conformance suite") if err.is_terminal else None
+        self._name, self._total, self._done = "", 0, 0
+        self._passed = self._failed = 0
+        self._label = ""
+        self._printed = 0.0
+
+    def __enter__(self) -> _Shown:
+        if self._status is not None:
+            self._status.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._status is not None:
+            self._status.stop()
+
+    def _line(self) -> str:
+        return (f"{self._name} {self._done}/{self._total} · {self._passed} checks passed, "
+                f"{self._failed} failed · {self._label}")
+
+    def _show(self, force: bool = False) -> None:
+        if self._status is not None:
+            self._status.update(f"conformance suite: {self._line()}")
+        elif force or time.monotonic() - self._printed >= _EVERY:
+            err.print(self._line(), highlight=False, soft_wrap=True)
+            self._printed = time.monotonic()
+
+    def part(self, name: str, total: int) -> None:
+        self._name, self._total, self._done = name, total, 0
+        self._label = "starting"
+        self._show(force=True)
+
+    def item(self, label: str) -> None:
+        self._done = min(self._done + 1, self._total) if not label.startswith("shrinking") \
+            else self._done
+        self._label = label
+        self._show()
+
+    def checked(self, result: CheckResult) -> None:
+        if result.passed:
+            self._passed += 1
+        else:
+            self._failed += 1
+            line = Text("FAIL ", style="bold red")
+            line.append(f"SPEC {result.requirement} {result.check}: {result.message}")
+            err.print(line, soft_wrap=True)
+        self._show()
 
 
 @app.command("conformance")
@@ -24,6 +88,14 @@ def conformance_command(
         "--reader", show_default=False,
         help="The reader under test, a command called as CMD CHECKPOINT_DIR RANK OUTPUT_FILE "
         "(see conformance/README.md), e.g. \"python conformance/examples/minimal_reader.py\".")],
+    batch: Annotated[bool, typer.Option(
+        "--batch", help="Start the reader once and send it one request a line on stdin "
+        "(CHECKPOINT_DIR, RANK, OUTPUT_FILE, IGNORE_EXTENSIONS, tab-separated); it answers "
+        "'ok' or 'error ...' a line. For readers slow to start (anything importing torch).")
+    ] = False,
+    quick: Annotated[bool, typer.Option(
+        "--quick", help=f"A fast run while iterating: each vector on its first rank only, "
+        f"{QUICK_EXAMPLES} generated checkpoints, no shrinking.")] = False,
     seed: Annotated[int | None, typer.Option(
         "--seed", help="Seed of the generated checkpoints, to replay a run (default: 0 under "
         "the ci profile, random under thorough).", show_default=False)] = None,
@@ -57,7 +129,7 @@ def conformance_command(
     failing checkpoint, kept on disk.
     """
     try:
-        from .testing.adapter import CommandReader
+        from .testing.adapter import BatchReader, CommandReader
         from .testing.profiles import conformance_defaults
         from .testing.runner import find_vectors, print_report, run_suite, write_junit
     except ImportError as exc:  # Hypothesis is an optional dependency
@@ -67,10 +139,12 @@ def conformance_command(
         default_examples, default_seed = conformance_defaults()
     except ValueError as exc:
         _cannot_run(str(exc))
-    examples = default_examples if examples is None else examples
+    if examples is None:
+        examples = QUICK_EXAMPLES if quick else default_examples
     seed = default_seed if seed is None else seed
     try:
-        command = CommandReader(reader, timeout=timeout)
+        command: CommandReader | BatchReader = (BatchReader if batch else CommandReader)(
+            reader, timeout=timeout)
     except ValueError as exc:
         _cannot_run(f"--reader {shlex.quote(reader)}: {exc}")
     if no_vectors:
@@ -84,23 +158,19 @@ def conformance_command(
         _cannot_run(f"{vectors}: not a directory of conformance vectors")
     if vectors is None and examples == 0:
         _cannot_run("nothing to run: --no-vectors with --examples 0")
-    status = err.status("conformance suite") if err.is_terminal else None
-
-    def progress(text: str) -> None:
-        if status is not None:
-            status.update(f"conformance suite: {text}")
-
-    if status is not None:
-        status.start()
+    started = time.monotonic()
     try:
-        result = run_suite(command, vectors=vectors, examples=examples, seed=seed, keep=keep,
-                           select=select, progress=progress)
+        with _Shown() as shown:
+            result = run_suite(command, vectors=vectors, examples=examples, seed=seed,
+                               keep=keep, select=select, progress=cast("Progress", shown),
+                               quick=quick)
     finally:
-        if status is not None:
-            status.stop()
+        if isinstance(command, BatchReader):
+            command.close()
     if not result.results:
         _cannot_run(f"no check ran (--select {select!r} matches no vector?)")
     print_report(result, out)
+    out.print(f"in {time.monotonic() - started:.0f} s", highlight=False)
     if junit is not None:
         write_junit(result, junit)
         out.print(f"JUnit XML written to {junit}")

@@ -8,9 +8,11 @@ why on stderr. It MUST verify checksums (SPEC 9.2) on every call, and MUST treat
 comma-separated names in the environment variable ``SHARDSPEC_IGNORE_EXTENSIONS`` as the
 must-understand extensions its user allows ignoring (SPEC 4.4 rule 3).
 
-:class:`CommandReader` runs such a command with a per-call time limit; :class:`PythonReader`
-calls a Python function in-process (fast, but without a time limit: for Python
-implementations and tests). :func:`read_output` parses an output file strictly.
+:class:`CommandReader` runs such a command with a per-call time limit; :class:`BatchReader`
+starts it once and sends it one request a line (the batch form, for readers whose start-up is
+slow, such as anything importing torch); :class:`PythonReader` calls a Python function
+in-process (fast, but without a time limit: for Python implementations and tests).
+:func:`read_output` parses an output file strictly.
 """
 
 from __future__ import annotations
@@ -19,17 +21,19 @@ import contextlib
 import io
 import os
 import re
+import select
 import shlex
 import shutil
 import signal
 import struct
 import subprocess
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Protocol
 
 import torch
 
@@ -37,6 +41,7 @@ from ..errors import SafetensorsError
 from ..safetensors_header import read_header
 
 __all__ = [
+    "BatchReader",
     "DEFAULT_TIMEOUT",
     "IGNORE_EXTENSIONS_ENV",
     "CommandReader",
@@ -171,6 +176,142 @@ class CommandReader:
             code = None
             out += f"\n[killed after {self.timeout:g} s]".encode()
         return _finish(code, out.decode("utf-8", "replace"), started, output)
+
+
+class BatchReader:
+    """A reader command in the batch form: started once, it reads one request a line on stdin,
+    ``CHECKPOINT_DIR<TAB>RANK<TAB>OUTPUT_FILE<TAB>IGNORE_EXTENSIONS`` (the last field the
+    comma-separated names, maybe empty), and answers each with one line on stdout: ``ok`` once
+    the output file is written, or ``error`` and why. Anything it prints on stderr is kept for
+    the report. A request that takes longer than ``timeout`` kills the command (and everything
+    it started); the next request starts it again, as it does after the command exits.
+    """
+
+    def __init__(self, command: str, *, timeout: float = DEFAULT_TIMEOUT,
+                 cwd: Path | None = None) -> None:
+        self.command = command
+        self.timeout = timeout
+        self.cwd = cwd
+        self._argv = (["/bin/sh", "-c", command] if _SHELL.search(command)
+                      else shlex.split(command))
+        if not self._argv:
+            raise ValueError("the reader command is empty")
+        if not _SHELL.search(command) and shutil.which(self._argv[0]) is None and not (
+                cwd or Path.cwd()).joinpath(self._argv[0]).is_file():
+            raise ValueError(f"{self._argv[0]!r}: command not found")
+        self._process: subprocess.Popen[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
+        self._pending = b""
+
+    @property
+    def name(self) -> str:
+        return f"{self.command} (batch)"
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        if self._process is not None and self._process.poll() is None:
+            return self._process
+        self.close()
+        # the command's stderr; read with pread only: the file offset is shared with it
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        env = dict(os.environ)
+        env.pop(IGNORE_EXTENSIONS_ENV, None)  # per request, in the line
+        self._process = subprocess.Popen(self._argv, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=self._stderr, env=env,
+                                         cwd=self.cwd, start_new_session=True)
+        self._pending = b""
+        return self._process
+
+    def close(self) -> None:
+        """Stop the command (it is started again on the next request)."""
+        process, self._process = self._process, None
+        if process is not None:
+            with contextlib.suppress(OSError):
+                if process.stdin:
+                    process.stdin.close()
+            try:
+                process.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            if process.stdout:
+                process.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+    def _said(self, since: int) -> str:
+        """What the command wrote on stderr from byte ``since`` on."""
+        assert self._stderr is not None
+        fd = self._stderr.fileno()
+        size = os.fstat(fd).st_size
+        return os.pread(fd, size - since, since)[-_TAIL:].decode("utf-8", "replace")
+
+    def _answer(self, process: subprocess.Popen[bytes], deadline: float
+                ) -> tuple[bytes | None, bool]:
+        """(one line of stdout, False); (None, False) at the deadline; (None, True) when
+        stdout closes first."""
+        assert process.stdout is not None
+        fd = process.stdout.fileno()
+        while b"\n" not in self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None, False
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                return None, False
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None, True
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line, False
+
+    def run(self, checkpoint: Path, rank: int, output: Path,
+            ignore_extensions: Sequence[str] = ()) -> Outcome:
+        output.unlink(missing_ok=True)
+        fields = [str(checkpoint), str(rank), str(output), ",".join(ignore_extensions)]
+        if any(c in f for f in fields for c in "\t\n"):
+            raise ValueError(f"a batch request cannot carry a tab or a newline: {fields}")
+        started = time.monotonic()
+        try:
+            process = self._start()
+        except OSError as exc:
+            return _finish(127, f"cannot run {self._argv[0]!r}: {exc}", started, output)
+        assert process.stdin is not None and self._stderr is not None
+        since = os.fstat(self._stderr.fileno()).st_size
+        try:
+            process.stdin.write(("\t".join(fields) + "\n").encode())
+            process.stdin.flush()
+        except OSError:  # the command exited: its stderr says why
+            self.close()
+            return _finish(127, "the batch reader exited before the request", started, output)
+        line, closed = self._answer(process, started + self.timeout)
+        if line is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            said = self._said(since)
+            self.close()
+            if closed:
+                return _finish(1, said + "\n[the batch reader exited without answering]",
+                               started, output)
+            return _finish(None, said + f"\n[killed after {self.timeout:g} s]", started, output)
+        said = self._said(since)
+        answer = line.decode("utf-8", "replace").strip()
+        if answer == "ok":
+            return _finish(0, said, started, output)
+        if answer.startswith("error"):
+            return _finish(1, said + answer, started, output)
+        self.close()
+        return _finish(1, said + f"[not a batch answer: {answer[:200]!r}; expected 'ok' or "
+                       "'error ...']", started, output)
+
+    def __enter__(self) -> BatchReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 #: ``read(checkpoint_dir, rank, output_file, ignore_extensions)``: writes the output or raises.

@@ -94,11 +94,28 @@ def diagnose(
                          min(len(got), len(data)))
             problems.append(("6.5" if dtype in _SUB_BYTE else "7.2",
                              f"tensor {name!r} ({dtype} {list(shape)}) differs from byte "
-                             f"{where} on"))
+                             f"{where} on{_byte_detail(dtype, shape, where, data, got)}"))
     section, message = problems[0]
     if len(problems) > 1:
         message += f" (and {len(problems) - 1} other differences)"
     return section, message
+
+
+def _byte_detail(dtype: str, shape: tuple[int, ...], where: int, expected: bytes,
+                 got: bytes) -> str:
+    """Which element holds the first differing byte, and both bytes there."""
+    if where >= len(expected) or where >= len(got):
+        return f" (expected {len(expected)} bytes, got {len(got)})"
+    from ..dtypes import DTYPES
+
+    bits = DTYPES[dtype].bits
+    element = where * 8 // bits
+    index: list[int] = []
+    for size in reversed(shape):  # row-major: the last dim varies fastest
+        index.append(element % size if size else 0)
+        element //= size or 1
+    return (f" (element {list(reversed(index))}: expected byte 0x{expected[where]:02x}, got "
+            f"0x{got[where]:02x})")
 
 
 def _last_line(text: str) -> str:

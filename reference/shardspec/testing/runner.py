@@ -40,8 +40,8 @@ from .strategies import (
     mutation_kinds,
 )
 
-__all__ = ["TITLES", "SuiteResult", "find_vectors", "print_report", "run_generated",
-           "run_suite", "run_vectors", "write_junit"]
+__all__ = ["TITLES", "Progress", "SuiteResult", "find_vectors", "print_report",
+           "run_generated", "run_suite", "run_vectors", "write_junit"]
 
 #: SPEC.md section titles, for the report.
 TITLES = {
@@ -55,7 +55,8 @@ TITLES = {
     "7.1": "Tensor records", "7.2": "Pieces", "7.3": "Coverage", "7.4": "Replicas",
     "7.5": "Rank-local tensors", "7.6": "Aliases", "7.7": "Scalars and zero-size tensors",
     "8.1": "Quantization record", "8.2": "Logical dtype and shape", "8.3": "Quantization rules",
-    "9.1": "Sizes", "9.2": "Checksums", "11.1": "Reader procedure",
+    "8.4": "Tied tensors", "9.1": "Sizes", "9.2": "Checksums", "11.1": "Reader procedure",
+    "12": "Limits",
     PROTOCOL: "the adapter protocol (conformance/README.md)",
 }
 
@@ -100,6 +101,36 @@ class SuiteResult:
 
     def failed_requirements(self) -> set[str]:
         return {r.requirement for r in self.failures}
+
+
+class Progress:
+    """Told what the suite does as it goes; the default does nothing. The command line shows
+    it (a status line on a terminal, a line every few seconds otherwise, each failure as it
+    comes)."""
+
+    def part(self, name: str, total: int) -> None:
+        """A part starts: ``name`` ("vectors", "generated") with ``total`` items."""
+
+    def item(self, label: str) -> None:
+        """The next item of the part: a vector's id, a generated checkpoint's number."""
+
+    def checked(self, result: CheckResult) -> None:
+        """One check is done (a failure may be shrunk and reported again at the end)."""
+
+
+def _progress(progress: Progress | Callable[[str], None] | None) -> Progress:
+    """A :class:`Progress`; a plain function is told each item's label (the older form)."""
+    if progress is None:
+        return Progress()
+    if not callable(progress):  # anything with part, item and checked
+        return progress
+    function = progress
+
+    class _Labels(Progress):
+        def item(self, label: str) -> None:
+            function(label)
+
+    return _Labels()
 
 
 # --- the vectors -----------------------------------------------------------------------------
@@ -148,21 +179,24 @@ def _reference_ranks(root: Path, ignore: Sequence[str]) -> int | None:
 
 
 def run_vectors(reader: Reader, vectors: Path, *, select: str | None = None,
-                progress: Callable[[str], None] | None = None) -> tuple[list[CheckResult],
-                                                                        list[str]]:
+                progress: Progress | Callable[[str], None] | None = None,
+                quick: bool = False) -> tuple[list[CheckResult], list[str]]:
     """Every vector against ``reader``, or those whose id matches ``select``: globs separated
-    by commas, e.g. ``"valid-*,version-major-*"``."""
+    by commas, e.g. ``"valid-*,version-major-*"``. ``quick``: each vector on its first listed
+    rank only, without checking that the other ranks of a broken checkpoint still load."""
     materialize = _materializer(vectors)
+    tell = _progress(progress)
     results: list[CheckResult] = []
     notes: list[str] = []
+    chosen = []
     for path in sorted(vectors.glob("*/vector.json")):
-        directory = path.parent
         vector = json.loads(path.read_text(encoding="utf-8"))
-        if select and not any(fnmatch.fnmatchcase(vector["id"], glob.strip())
-                              for glob in select.split(",")):
-            continue
-        if progress:
-            progress(vector["id"])
+        if not select or any(fnmatch.fnmatchcase(vector["id"], glob.strip())
+                             for glob in select.split(",")):
+            chosen.append((path.parent, vector))
+    tell.part("vectors", len(chosen))
+    for directory, vector in chosen:
+        tell.item(vector["id"])
         with tempfile.TemporaryDirectory(prefix="shardspec-vector-") as tmp:
             if vector.get("materialize"):
                 if materialize is None:
@@ -172,12 +206,16 @@ def run_vectors(reader: Reader, vectors: Path, *, select: str | None = None,
                 root = materialize(directory, Path(tmp) / "materialized")
             else:
                 root = directory / "checkpoint"
-            results += _run_vector(reader, vector, directory, root, Path(tmp) / "out")
+            if quick:
+                vector = {**vector, "ranks": vector["ranks"][:1]}
+            results += _run_vector(reader, vector, directory, root, Path(tmp) / "out",
+                                   tell.checked, others=not quick)
     return results, notes
 
 
 def _run_vector(reader: Reader, vector: dict[str, Any], directory: Path, root: Path,
-                out: Path) -> list[CheckResult]:
+                out: Path, checked: Callable[[CheckResult], None], others: bool = True
+                ) -> list[CheckResult]:
     section, ignore = vector["section"], vector.get("ignore_extensions", [])
     out.mkdir()
     output = out / "output.safetensors"
@@ -190,6 +228,7 @@ def _run_vector(reader: Reader, vector: dict[str, Any], directory: Path, root: P
             reader_output="" if passed else stderr, part="vectors",
             checkpoint=None if passed else str(directory),
             extra={"description": vector["description"]}))
+        checked(results[-1])
 
     if vector["valid"]:
         expected = {r: read_output(directory / "expected" / f"rank-{r}.safetensors")
@@ -205,7 +244,7 @@ def _run_vector(reader: Reader, vector: dict[str, Any], directory: Path, root: P
         check(rank, judge_refusal(outcome, section=section, code=vector["expected_code"]),
               outcome.stderr)
     # The ranks that do not read the broken part load normally, as the reference does.
-    for rank in range(_reference_ranks(root, ignore) or 0):
+    for rank in range(_reference_ranks(root, ignore) or 0 if others else 0):
         if rank in vector["ranks"]:
             continue
         try:
@@ -275,12 +314,15 @@ def run_generated(
     keep: Path,
     shrink: bool = True,
     max_world: int = 4,
+    progress: Progress | None = None,
 ) -> tuple[list[CheckResult], Path | None, int]:
     """``examples`` generated checkpoints against ``reader``: each rank of a valid checkpoint,
     then the ranks that must refuse a broken copy. Returns (results, kept failure, examples
     run). On a failure Hypothesis shrinks to the smallest failing example, which is kept under
     ``keep``."""
     state = _State()
+    tell = progress or Progress()
+    tell.part("generated", examples)
     counter = itertools.count(1)
     staging = keep / f".generated-seed-{seed}.partial"
     phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
@@ -292,6 +334,8 @@ def run_generated(
     @given(data=st.data())
     def example(data: st.DataObject) -> None:
         number = next(counter)
+        tell.item(f"shrinking a failure (try {number - state.examples - 1})" if state.failed
+                  else f"checkpoint {number} of {examples}")
         with tempfile.TemporaryDirectory(prefix="shardspec-generated-") as tmp:
             base = Path(tmp)
             output = base / "output.safetensors"
@@ -309,6 +353,8 @@ def run_generated(
                     f"generated/{number}/valid/rank-{rank}", requirements, passed, message,
                     reader_output="" if passed else outcome.stderr, part="generated",
                     extra={"checkpoint": "valid/checkpoint"}))
+                if not state.failed:
+                    tell.checked(results[-1])
             mutation = data.draw(broken_checkpoints(written, prefer), label="broken")
             broken = base / "broken" / "checkpoint"
             shutil.copytree(written.path, broken, symlinks=True)
@@ -323,6 +369,8 @@ def run_generated(
                     f"generated/{number}/{mutation.kind}/rank-{rank}", requirements, passed,
                     message, reader_output="" if passed else outcome.stderr, part="generated",
                     extra={"checkpoint": "broken/checkpoint"}))
+                if not state.failed:
+                    tell.checked(results[-1])
             failures = [r for r in results if not r.passed]
             if failures:
                 _keep(base, staging, written, mutation, failures, seed)
@@ -364,21 +412,23 @@ def run_suite(
     keep: Path = Path("conformance-failures"),
     select: str | None = None,
     shrink: bool = True,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | Callable[[str], None] | None = None,
+    quick: bool = False,
 ) -> SuiteResult:
     """The golden vectors (all, or those matching ``select``), then ``examples`` generated
-    checkpoints (with a random seed when ``seed`` is None; the seed used is in the result)."""
+    checkpoints (with a random seed when ``seed`` is None; the seed used is in the result).
+    ``quick``: each vector on its first rank only, and no shrinking of a failure."""
     seed = random.SystemRandom().randrange(2**32) if seed is None else seed
     result = SuiteResult(reader=reader.name, seed=seed, vectors=vectors)
+    tell = _progress(progress)
     if vectors is not None:
-        results, notes = run_vectors(reader, vectors, select=select, progress=progress)
+        results, notes = run_vectors(reader, vectors, select=select, progress=tell,
+                                     quick=quick)
         result.results += results
         result.notes += notes
     if examples > 0:
-        if progress:
-            progress(f"{examples} generated checkpoints (seed {seed})")
         results, kept, run = run_generated(reader, examples=examples, seed=seed, keep=keep,
-                                           shrink=shrink)
+                                           shrink=shrink and not quick, progress=tell)
         result.results += results
         result.kept, result.examples = kept, run
     return result

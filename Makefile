@@ -10,7 +10,7 @@ MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 # unpinned torch would pull a multi-GB CUDA build.
 TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: venv demo test docs lint typecheck bench clean
+.PHONY: venv toolchains demo test docs lint typecheck bench clean
 
 venv: $(STAMP)
 
@@ -22,10 +22,19 @@ $(STAMP): pyproject.toml
 	$(PIP) install -e '.[test,docs,s3]'
 	@touch $(STAMP)
 
+# The conformance examples in other languages (conformance/examples/rust, .../node) are built
+# and run by the tests: cargo, and Node.js with npm, from Debian's packages where missing.
+toolchains:
+	@command -v cargo >/dev/null 2>&1 || { echo "installing cargo (Debian)"; apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cargo >/dev/null; }
+	@command -v npm >/dev/null 2>&1 || { echo "installing nodejs and npm (Debian)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm \
+		>/dev/null; }
+
 demo: venv
 	$(BIN)/python examples/demo.py
 
-test: venv
+test: venv toolchains
 	$(BIN)/ruff check .
 	$(MKDOCS) build --strict --quiet
 	$(BIN)/python -m pytest

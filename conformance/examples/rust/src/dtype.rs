@@ -1,0 +1,61 @@
+//! The dtype table of SPEC 6.4 and the size arithmetic of SPEC 6.5 and 12.
+
+/// MAX_SIZE = 2^63 − 1 (SPEC 12).
+pub const MAX_SIZE: u64 = i64::MAX as u64;
+
+/// (name, bits) for every dtype of SPEC 6.4 (safetensors 0.8 names).
+const DTYPES: [(&str, u64); 22] = [
+    ("BOOL", 8), ("U8", 8), ("I8", 8), ("I16", 16), ("U16", 16), ("I32", 32), ("U32", 32),
+    ("I64", 64), ("U64", 64), ("F16", 16), ("BF16", 16), ("F32", 32), ("F64", 64), ("C64", 64),
+    ("F8_E4M3", 8), ("F8_E5M2", 8), ("F8_E8M0", 8), ("F8_E4M3FNUZ", 8), ("F8_E5M2FNUZ", 8),
+    ("F4", 4), ("F6_E2M3", 6), ("F6_E3M2", 6),
+];
+
+/// The bits per element of a dtype name, if it is one (exact, case-sensitive).
+pub fn bits(name: &str) -> Option<u64> {
+    DTYPES.iter().find(|(n, _)| *n == name).map(|(_, b)| *b)
+}
+
+/// Element count of a shape (1 for `[]`), overflow-checked against MAX_SIZE (SPEC 7.1 rule 4).
+/// A shape with a zero dimension has 0 elements whatever its other dimensions.
+pub fn element_count(shape: &[u64]) -> Option<u64> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    let mut n: u64 = 1;
+    for &d in shape {
+        n = n.checked_mul(d).filter(|v| *v <= MAX_SIZE)?;
+    }
+    Some(n)
+}
+
+/// Byte count of a stored array (SPEC 6.5 rule 2): its bit count must be a multiple of 8 and
+/// at most MAX_SIZE. None when it breaks the rule.
+pub fn byte_count(shape: &[u64], bits: u64) -> Option<u64> {
+    let count = element_count(shape)?;
+    let total = count.checked_mul(bits).filter(|v| *v <= MAX_SIZE)?;
+    if total % 8 != 0 {
+        return None;
+    }
+    Some(total / 8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts() {
+        assert_eq!(bits("F6_E2M3"), Some(6));
+        assert_eq!(bits("f32"), None);
+        assert_eq!(element_count(&[]), Some(1));
+        assert_eq!(element_count(&[1 << 62, 2]), None);
+        assert_eq!(element_count(&[(1 << 62) - 1, 2]), Some((1 << 63) - 2));
+        assert_eq!(element_count(&[1 << 62, 4, 0]), Some(0));
+        assert_eq!(byte_count(&[3], 4), None);
+        assert_eq!(byte_count(&[4], 6), Some(3));
+        assert_eq!(byte_count(&[1 << 59], 8), Some(1 << 59));
+        assert_eq!(byte_count(&[1 << 61], 8), None); // 2^64 bits
+        assert_eq!(byte_count(&[1 << 61], 32), None);
+    }
+}

@@ -1236,6 +1236,10 @@ def invalid_vectors() -> list[Vector]:
     add("schema", "integer-exponent", "A piece shape written as [4e0].", ck, section="3.3")
     add("schema", "format-version-malformed", "format_version '1.0.0' does not match "
         "MAJOR.MINOR.", edit(tp1, lambda c: c.m.update(format_version="1.0.0")), section="4.1")
+    add("schema", "format-version-trailing-newline", "format_version '1.0\\n': the schema's "
+        "patterns are ECMA-262 regular expressions, whose $ matches only at the end of the "
+        "string, not before a final newline as in Python's re (SPEC 3.5).",
+        edit(tp1, lambda c: c.m.update(format_version="1.0\n")), section="4.1")
     ck = tp1.clone()
     ck.piece(NORM, 0)["dtype"] = "F32"
     add("schema", "unknown-field-same-version", "A piece with a member 1.2 does not define "
@@ -1344,6 +1348,11 @@ def invalid_vectors() -> list[Vector]:
     add("path-escapes", "symlink-file", "Rank 0's data file is a symbolic link to a file "
         "outside the checkpoint (created at run time), as when shards are linked from a shared "
         "cache.", tp1.clone(), [0], materialize="symlink-outside", materialize_path=F0)
+    add("path-escapes", "dangling-symlink-outside", "Rank 0's data file is a symbolic link to "
+        "a path outside the checkpoint where nothing exists (created at run time): the "
+        "resolved location is outside, so path-escapes (SPEC 2.2 rule 5) comes before "
+        "file-missing (rule 6).", tp1.clone(), [0], materialize="symlink-dangling-outside",
+        materialize_path=F0)
     ck = tp1.clone()
     ck.rename_file(F0, "weights/" + F0)
     add("path-escapes", "symlink-dir", "The directory 'weights' holding the data file is a "
@@ -1703,6 +1712,21 @@ def invalid_vectors() -> list[Vector]:
                        [(0, 64), (64, 80), (64, 80)], data))
     add("st-offsets", "shared-storage", "Two tensors with the same data_offsets, as a writer "
         "that deduplicates tied weights inside the file would store them.", ck, [0])
+    huge = 2**62
+    files = {F0: (0, [("w.empty", "F32", (1, 4, 0), b""), ("w.one", "U8", (1,), b"\x07")])}
+    tensors = {"w.empty": {"dtype": "F32", "shape": [huge, 4, 0], "pieces": [
+                   {"rank": 0, "file": F0, "offset": [0, 0, 0], "shape": [1, 4, 0]}]},
+               "w.one": {"dtype": "U8", "shape": [1], "pieces": [
+                   {"rank": 0, "file": F0, "offset": [0], "shape": [1]}]}}
+    add("shape-overflow", "partial-product", "A global tensor of shape [2^62, 4, 0] (its one "
+        "piece [1, 4, 0]): no element, but "
+        "the product taken in order passes MAX_SIZE at 2^62 x 4 (SPEC 7.1 rule 4): torch, "
+        "sizing tensors in int64, cannot even hold it.",
+        handmade(Layout(tp_size=1), files, tensors), [0], section="7.1")
+    add("st-entry", "dtype-not-a-string", "An entry whose dtype is the number 32: not a string, "
+        "so the entry is malformed (st-entry); only a string that names no dtype is st-dtype "
+        "(SPEC 6.3 rule 5).",
+        with_header(tp1, F0, lambda h: h.replace(b'"dtype":"F32"', b'"dtype":32   ')), [0])
     add("st-dtype", "lowercase", "The norm's dtype written 'f32'.",
         with_header(tp1, F0, lambda h: h.replace(b'"dtype":"F32"', b'"dtype":"f32"')), [0])
     add("st-dtype", "torch-name", "An FP8 weight's dtype written 'F8_E4M3FN' (torch's name) "

@@ -40,7 +40,8 @@ def run_cargo(*args: str) -> None:
     env = {**os.environ, "CARGO_TARGET_DIR": str(TARGET)}
     result = subprocess.run(command, cwd=RUST_READER, env=env, capture_output=True, text=True,
                             timeout=600, stdin=subprocess.DEVNULL)
-    assert result.returncode == 0, f"{shlex.join(command)} failed:\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == 0, (f"{shlex.join(command)} failed:\n{result.stdout}\n"
+                                    f"{result.stderr}")
 
 
 def build() -> Path:

@@ -104,7 +104,8 @@ DTYPE_BITS = {
 
 
 def element_count(shape: list[int] | tuple[int, ...]) -> int | None:
-    """7.1 rule 4: the product of the dimensions, or None where it passes MAX_SIZE."""
+    """7.1 rule 4: the product of the dimensions, or None where it passes MAX_SIZE (so does
+    any product of its dimensions taken in order: [2**62, 4, 0] is an overflow)."""
     count = 1
     for dim in shape:
         count *= dim
@@ -710,7 +711,9 @@ def read_header(blob: bytes, path: str) -> tuple[int, dict[str, tuple[str, list[
             fail("st-entry", f"{path!r}: entry {name!r} must have exactly dtype, shape and "
                  "data_offsets")
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        if not isinstance(dtype, str):
+            fail("st-entry", f"{path!r}: entry {name!r} has a dtype that is not a string")
+        if dtype not in DTYPE_BITS:
             fail("st-dtype", f"{path!r}: entry {name!r} has the unknown dtype {dtype!r}")
         if not (isinstance(shape, list) and len(shape) <= MAX_DIMS
                 and all(type(d) is int and 0 <= d <= MAX_SIZE for d in shape)):

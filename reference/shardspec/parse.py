@@ -35,7 +35,7 @@ __all__ = ["KNOWN_EXTENSIONS", "ParsedManifest", "parse_manifest", "read_manifes
 #: SPEC 4.4: extensions this implementation understands (none yet in format 1.1).
 KNOWN_EXTENSIONS: frozenset[str] = frozenset()
 
-_VERSION = re.compile(r"^(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})$")
+_VERSION = re.compile(r"(0|[1-9][0-9]{0,5})\.(0|[1-9][0-9]{0,5})")  # fullmatch: no "1.2\n"
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def _parse_manifest(data: bytes, ignore_extensions: Collection[str]) -> ParsedMa
     findings: list[Finding] = []
     newer_minor = False
     version = raw.get("format_version") if isinstance(raw, dict) else None
-    match = _VERSION.match(version) if isinstance(version, str) else None
+    match = _VERSION.fullmatch(version) if isinstance(version, str) else None
     if match:
         major, minor = int(match[1]), int(match[2])
         if major != SUPPORTED_MAJOR:

@@ -156,7 +156,9 @@ def _parse_entry(name: str, value: Any, file: str) -> Entry:
         raise _fail(file, "st-entry", "an entry must have exactly dtype, shape and "
                     "data_offsets", tensor=name)
     dtype_name, shape, offsets = value["dtype"], value["shape"], value["data_offsets"]
-    dtype = DTYPES.get(dtype_name) if type(dtype_name) is str else None
+    if type(dtype_name) is not str:  # a string naming no dtype is st-dtype (SPEC 6.3 rule 5)
+        raise _fail(file, "st-entry", f"dtype {dtype_name!r} is not a string", tensor=name)
+    dtype = DTYPES.get(dtype_name)
     if dtype is None:
         raise _fail(file, "st-dtype", f"unknown dtype {dtype_name!r}", tensor=name)
     if type(shape) is not list or len(shape) > MAX_DIMS or not all(map(_is_size, shape)):

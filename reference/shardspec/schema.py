@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Iterator
 from functools import cache
 from importlib import resources
@@ -57,8 +58,24 @@ def _is_integer_token(checker: object, instance: object) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
+@cache
+def _ecma(pattern: str) -> re.Pattern[str]:
+    """``pattern`` with ECMA-262's ``$`` (SPEC 3.5): the end of the string only. Python's ``$``
+    also matches before a final newline, so ``"1.2\n"`` would pass the version's pattern."""
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1] + r"(?![\s\S])"
+    return re.compile(pattern)
+
+
+def _ecma_pattern(validator: Any, pattern: str, instance: Any, schema: Any
+                  ) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not _ecma(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
 _StrictValidator = validators.extend(  # type: ignore[no-untyped-call]
     Draft202012Validator,
+    validators={"pattern": _ecma_pattern},
     type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer_token),
 )
 

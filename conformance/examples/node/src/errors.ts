@@ -62,7 +62,7 @@ export function codePointLength(s: string): number {
 
 /** Product of dimensions, overflow-checked against MAX_SIZE (SPEC 1.1, 7.1 rule 4). Null: overflow. */
 export function product(dims: readonly bigint[]): bigint | null {
-  if (dims.some((d) => d === 0n)) return 0n;
+  // SPEC 7.1 rule 4: in order, every partial product within MAX_SIZE ([2^62, 4, 0] overflows)
   let n = 1n;
   for (const d of dims) {
     n *= d;

@@ -16,12 +16,9 @@ pub fn bits(name: &str) -> Option<u64> {
     DTYPES.iter().find(|(n, _)| *n == name).map(|(_, b)| *b)
 }
 
-/// Element count of a shape (1 for `[]`), overflow-checked against MAX_SIZE (SPEC 7.1 rule 4).
-/// A shape with a zero dimension has 0 elements whatever its other dimensions.
+/// Element count of a shape (1 for `[]`), overflow-checked against MAX_SIZE (SPEC 7.1 rule 4):
+/// in order, every partial product within MAX_SIZE, so `[2^62, 4, 0]` overflows.
 pub fn element_count(shape: &[u64]) -> Option<u64> {
-    if shape.contains(&0) {
-        return Some(0);
-    }
     let mut n: u64 = 1;
     for &d in shape {
         n = n.checked_mul(d).filter(|v| *v <= MAX_SIZE)?;

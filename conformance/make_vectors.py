@@ -1205,6 +1205,12 @@ def invalid_vectors() -> list[Vector]:
             f"{token}, as Python's json.dumps writes by default (allow_nan=True)"
             + (": 1e400 overflows binary64." if token == "1e400" else "."), ck)
     ck = tp1.clone()
+    ck.m["extensions"] = {"org.example.stats": {"must_understand": False,
+                                                "tokens": Raw("1" + "0" * 400)}}
+    add("json-nonfinite", "huge-integer", "An optional extension records a count as an "
+        "integer token of 401 digits: a number too large for an IEEE 754 binary64 (SPEC 3.3 "
+        "rule 2), like 1e400, though it has no fraction or exponent.", ck)
+    ck = tp1.clone()
     ck.m["quantization"] = {"method": "none", "config": nested(63)}
     add("json-too-deep", "depth-65", "quantization.config nested one level past the limit: the "
         "deepest object is at depth 65 (compare valid-json-depth-64).", ck)
@@ -1370,6 +1376,14 @@ def invalid_vectors() -> list[Vector]:
     add("file-missing", "dangling-symlink", "Rank 0's data file is a dangling symbolic link "
         "(created at run time).", tp1.clone(), [0], materialize="symlink-dangling",
         materialize_path=F0)
+    add("file-missing", "symlink-loop", "Rank 0's data file is a symbolic link to a link that "
+        "points back to it (created at run time): nothing can be reached there, so "
+        "file-missing (SPEC 2.2 rule 6), and a reader must not fail otherwise.", tp1.clone(),
+        [0], materialize="symlink-loop", materialize_path=F0)
+    add("file-missing", "manifest-dangling-symlink", "shardspec.json is a dangling symbolic "
+        "link (created at run time): the name is there, so this is no uncommitted directory "
+        "(not-committed) but a manifest that reaches nothing (SPEC 2.3 rule 3, 2.2 rule 6).",
+        tp1.clone(), materialize="symlink-dangling", materialize_path="shardspec.json")
     add("file-not-regular", "fifo", "Rank 0's data file is a FIFO (created at run time): a "
         "reader that opens it blocking hangs forever.", tp1.clone(), [0], materialize="fifo",
         materialize_path=F0)

@@ -36,7 +36,7 @@ from pathlib import Path
 __all__ = ["KINDS", "MAX_MANIFEST_BYTES", "materialize"]
 
 KINDS = ("fifo", "symlink-outside", "symlink-dir-escape", "symlink-dangling",
-         "symlink-dangling-outside", "huge-manifest")
+         "symlink-dangling-outside", "symlink-loop", "huge-manifest")
 
 #: SPEC 3.4 / 12 (format 1.1; 67108864 in 1.0).
 MAX_MANIFEST_BYTES = 268435456
@@ -81,6 +81,12 @@ def materialize(vector_dir: str | os.PathLike[str], dest: str | os.PathLike[str]
             target.unlink()
         target.parent.mkdir(parents=True, exist_ok=True)
         os.symlink("does-not-exist.safetensors", target)
+    elif kind == "symlink-loop":  # two links pointing at each other
+        if target.exists() or target.is_symlink():
+            target.unlink()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target.name + ".loop", target)
+        os.symlink(target.name, target.with_name(target.name + ".loop"))
     elif kind == "symlink-dangling-outside":  # to nothing, outside the checkpoint
         if target.exists() or target.is_symlink():
             target.unlink()

@@ -237,6 +237,8 @@ def open_inside(root: str, relative: str) -> tuple[int, int]:
         info = os.stat(resolved)
     except FileNotFoundError:
         fail("file-missing", f"{relative!r} does not exist")
+    except OSError as exc:  # ELOOP: a loop of links reaches nothing (rule 6)
+        fail("file-missing", f"{relative!r} reaches no file: {exc.strerror}")
     if not stat.S_ISREG(info.st_mode):
         fail("file-not-regular", f"{relative!r} is not a regular file")
     # O_NONBLOCK: a FIFO swapped in after the check cannot block us; O_NOFOLLOW: nor a link.

@@ -47,6 +47,21 @@ def _reject_constant(name: str) -> Any:
     raise JSONProblem("nonfinite", f"{name} is not allowed (I-JSON)")
 
 
+#: binary64's largest finite magnitude is below 2**1024: integers from there on are "too large
+#: for an IEEE 754 binary64" (SPEC 3.3 rule 2), like 1e400.
+_BINARY64_LIMIT = 2**1024
+
+
+def _finite_int(text: str) -> int:
+    if len(text) > 300:  # 2**1024 has 309 digits: only long tokens need the comparison
+        value = int(text)
+        if abs(value) >= _BINARY64_LIMIT:
+            raise JSONProblem("nonfinite", f"the integer of {len(text.lstrip('-'))} digits is "
+                              "too large for an IEEE 754 binary64 (I-JSON)")
+        return value
+    return int(text)
+
+
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
@@ -214,6 +229,7 @@ def parse_strict_json_numbers(data: bytes, *, max_bytes: int, max_depth: int) ->
             object_pairs_hook=_reject_duplicates,
             parse_constant=_reject_constant,
             parse_float=_finite_float,
+            parse_int=_finite_int,
         )
     except RecursionError:
         raise JSONProblem("too-deep", f"nesting is deeper than {max_depth}") from None

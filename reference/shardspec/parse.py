@@ -8,6 +8,7 @@ is not sure, the strict path here decides and explains.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
@@ -170,7 +171,9 @@ def read_manifest(
         else:
             handle, size = open_inside(root, MANIFEST_NAME)
     except PathError as exc:
-        if exc.code != "file-missing":
+        # a name that is there but reaches nothing (a dangling link) is file-missing (2.3 rule 3)
+        if exc.code != "file-missing" or (isinstance(root, Path)
+                                          and os.path.lexists(root / MANIFEST_NAME)):
             return ParsedManifest(None, [exc.finding])
         return ParsedManifest(None, [Finding(
             code="not-committed", file=str(root),

@@ -48,7 +48,8 @@ mod tests {
         assert_eq!(element_count(&[]), Some(1));
         assert_eq!(element_count(&[1 << 62, 2]), None);
         assert_eq!(element_count(&[(1 << 62) - 1, 2]), Some((1 << 63) - 2));
-        assert_eq!(element_count(&[1 << 62, 4, 0]), Some(0));
+        assert_eq!(element_count(&[1 << 62, 4, 0]), None); // in order (SPEC 7.1 rule 4)
+        assert_eq!(element_count(&[0, 1 << 62, 4]), Some(0));
         assert_eq!(byte_count(&[3], 4), None);
         assert_eq!(byte_count(&[4], 6), Some(3));
         assert_eq!(byte_count(&[1 << 59], 8), Some(1 << 59));

@@ -1,13 +1,15 @@
 """Into shardspec from Hugging Face and vLLM, and back to Hugging Face.
 
-:func:`convert` splits a Hugging Face checkpoint directory into a TP x PP shardspec checkpoint
-by a tensor-parallel plan (:mod:`shardspec.tp_plan`) and contiguous pipeline stages
-(:mod:`shardspec.stages`). It streams: for each rank, for each tensor it holds, only that
-piece's bytes are read from the source (:func:`shardspec.hf.iter_slice`) and written into the
-rank's file as they come (:func:`shardspec.hf.write_safetensors`), so peak memory is a bounded
-read buffer (16 MiB, or one row of a tensor where a row is larger), not the model nor even the
-largest tensor. The manifest is planned and checked before the first byte is written
-(:func:`shardspec.writer.plan_checkpoint`) and committed last.
+:func:`convert` splits a Hugging Face checkpoint directory into a TP x PP x EP shardspec
+checkpoint: :mod:`shardspec.convert_plan` decides every tensor's pieces (a tensor-parallel plan,
+:mod:`shardspec.tp_plan`; contiguous pipeline stages, :mod:`shardspec.stages`; routed experts
+over expert ranks; quantized weights with their tied scales). It streams: for each rank, for
+each tensor it holds, only that piece's bytes are read from the source
+(:func:`shardspec.hf.iter_box`) and written into the rank's file as they come
+(:func:`shardspec.hf.write_safetensors`), so peak memory is a bounded read buffer (16 MiB, or
+one row of a tensor where a row is larger), not the model nor even the largest tensor; with
+``quantize="fp8"``, one piece of a quantized weight. The manifest is planned and checked
+before the first byte is written (:func:`shardspec.writer.plan_checkpoint`) and committed last.
 
 Tied embeddings: Hugging Face files drop ``lm_head.weight`` when ``tie_word_embeddings`` is
 set. Convert gives it back, because serving frameworks need the LM head on the last pipeline
@@ -161,8 +163,10 @@ class _Fused:
 
     def chunks(self, tp_rank: int) -> Iterator[bytes | bytearray]:
         for member in self.members:
-            _, _, start, stop = member.piece(tp_rank)
-            yield from iter_slice(member.source, 0, start, stop)
+            box = member.box(0, tp_rank)  # vLLM's layouts have ep_size 1
+            assert box is not None
+            start = box[0][0]
+            yield from iter_slice(member.source, 0, start, start + box[1][0])
 
 
 def _config_int(config: Mapping[str, Any], key: str) -> int:

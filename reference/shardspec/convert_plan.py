@@ -32,7 +32,6 @@ from .quantized import Base, Quantized, find_quantized
 from .stages import assign_stages
 from .ties import Box, packing, tied_box
 from .tp_plan import PlanError, TPPlan, match_pattern, resolve_plan, split_dim, split_sizes
-from .writer import Shard
 
 __all__ = ["LM_HEAD", "EMBEDDING_NAMES", "Plan", "Split", "Tied", "plan_splits"]
 
@@ -63,17 +62,6 @@ class Split:
     @property
     def shape(self) -> tuple[int, ...]:
         return self.source.shape
-
-    def piece(self, tp_rank: int) -> tuple[Shard, tuple[int, ...], int, int]:
-        """(Shard, piece shape, start, stop) of ``tp_rank``'s piece, ignoring experts."""
-        shape = self.source.shape
-        if self.dim is None:
-            return Shard(shape, (0,) * len(shape), replica=tp_rank), shape, 0, 0
-        start = sum(self.sizes[:tp_rank])
-        stop = start + self.sizes[tp_rank]
-        offset = tuple(start if d == self.dim else 0 for d in range(len(shape)))
-        piece = tuple(stop - start if d == self.dim else n for d, n in enumerate(shape))
-        return Shard(shape, offset), piece, start, stop
 
     def box(self, ep_rank: int, tp_rank: int) -> Box | None:
         """The stored box the rank at (``ep_rank``, ``tp_rank``) holds; None: nothing."""

@@ -96,7 +96,7 @@ NAIVE = r"""
 import sys
 import shardspec
 from safetensors.torch import load_file
-from shardspec.tp_plan import BUILTIN_PLAN, TPPlan, split_dim
+from shardspec.convert.tp_plan import BUILTIN_PLAN, TPPlan, split_dim
 src, dst, tp = sys.argv[1], sys.argv[2], int(sys.argv[3])
 weights = load_file(src + "/model.safetensors")
 plan = TPPlan(BUILTIN_PLAN)

@@ -65,8 +65,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import shardspec
-import shardspec.host_memory
-import shardspec.load
+import shardspec.load.execute
+import shardspec.load.host_memory
 from synthetic import LAYERS, evict, make_weights, model_spec
 
 HERE = Path(__file__).resolve().parent
@@ -231,12 +231,12 @@ def load_shardspec(
 
 
 def load_shardspec_thp(path: Path, rank: int, device: torch.device) -> dict[str, torch.Tensor]:
-    saved = shardspec.host_memory.USE_HUGE_PAGES
-    shardspec.host_memory.USE_HUGE_PAGES = True
+    saved = shardspec.load.host_memory.USE_HUGE_PAGES
+    shardspec.load.host_memory.USE_HUGE_PAGES = True
     try:
         return load_shardspec(path, rank, device)
     finally:
-        shardspec.host_memory.USE_HUGE_PAGES = saved
+        shardspec.load.host_memory.USE_HUGE_PAGES = saved
 
 
 def load_st(files: list[Path], device: str = "cpu", backend: str = "mmap"
@@ -494,7 +494,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "benchmarks/out)")
     ap.add_argument("--staging", default=None, metavar="READERSxBUFFERSxCHUNK_MIB",
                     help="CUDA staging: reads in flight, pinned buffers and their size, e.g. "
-                    "2x4x32 (default: shardspec.load's STAGING_READERS, STAGING_BUFFERS, "
+                    "2x4x32 (default: shardspec.load.execute's STAGING_READERS, STAGING_BUFFERS, "
                     "CHUNK_BYTES)")
     ap.add_argument("--json", type=Path, default=None, help="write all results to this file")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoints afterwards")
@@ -516,9 +516,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             ap.error("--staging takes READERSxBUFFERSxCHUNK_MIB, e.g. 2x4x32")
         if min(readers, buffers, chunk_mib) < 1:
             ap.error("--staging needs positive numbers")
-        shardspec.load.STAGING_READERS = readers
-        shardspec.load.STAGING_BUFFERS = buffers
-        shardspec.load.CHUNK_BYTES = chunk_mib * MiB
+        shardspec.load.execute.STAGING_READERS = readers
+        shardspec.load.execute.STAGING_BUFFERS = buffers
+        shardspec.load.execute.CHUNK_BYTES = chunk_mib * MiB
     return args
 
 
@@ -574,9 +574,9 @@ def run(args: argparse.Namespace, device: torch.device, workdir: Path) -> int:
     cache = PageCache()
     info = machine_info(workdir, device)
     if device.type == "cuda":
-        info["staging"] = (f"{shardspec.load.STAGING_READERS} reads in flight, "
-                           f"{shardspec.load.STAGING_BUFFERS} pinned buffers of "
-                           f"{shardspec.load.CHUNK_BYTES // MiB} MiB")
+        info["staging"] = (f"{shardspec.load.execute.STAGING_READERS} reads in flight, "
+                           f"{shardspec.load.execute.STAGING_BUFFERS} pinned buffers of "
+                           f"{shardspec.load.execute.CHUNK_BYTES // MiB} MiB")
     info["eviction"] = ("fsync + posix_fadvise(DONTNEED) of every file before every cold load; "
                         + eviction_check(cache, baseline_file))
     methods = CPU_METHODS + CPU_LAZY if device.type == "cpu" else CUDA_METHODS

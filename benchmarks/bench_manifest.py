@@ -24,8 +24,8 @@ Timed, median of ``--repeats``, each in process with the manifest in the page ca
 - ``shardspec.validate(path)``, metadata only (the manifest, then every header against it);
 
 each with the fast paths (the default) and with the strict paths forced (``_FAST_PATH = False``
-in ``shardspec.parse`` and ``shardspec.safetensors_header``: the code as it was before the fast
-paths, but for what both share, such as the faster JSON skeleton and ``from_dict``),
+in ``shardspec.format.parse`` and ``shardspec.format.safetensors_header``: the code as it was before
+the fast paths, but for what both share, such as the faster JSON skeleton and ``from_dict``),
 interleaved in every repeat.
 
 With ``--before DIR`` (a ``reference/`` directory of an older commit, e.g. from ``git archive
@@ -59,9 +59,9 @@ from pathlib import Path
 from typing import Any
 
 import shardspec
-from shardspec import limits, parse, parse_fast, safetensors_header
-from shardspec.dtypes import DTYPES, byte_size
-from shardspec.manifest import (
+from shardspec.format import limits, parse, parse_fast, safetensors_header
+from shardspec.format.dtypes import DTYPES, byte_size
+from shardspec.format.manifest import (
     FileRecord,
     Layout,
     Logical,
@@ -72,7 +72,7 @@ from shardspec.manifest import (
     TensorRecord,
     Tie,
 )
-from shardspec.writer import data_file_name
+from shardspec.write.save import data_file_name
 
 REPO = Path(__file__).resolve().parents[1]
 HIDDEN, MOE_INTER, VOCAB, EXPERTS = 7168, 2048, 129280, 256
@@ -231,7 +231,7 @@ def use_fast_paths(fast: bool) -> None:
 #: Run by ``--before`` in a child process with the older code first on ``sys.path``.
 _BEFORE = """
 import gc, json, statistics, sys, time
-import shardspec, shardspec.parse as parse
+import shardspec, shardspec.format.parse as parse
 root, repeats, calls = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
 data = open(root + "/shardspec.json", "rb").read()
 parse.MAX_MANIFEST_BYTES = max(parse.MAX_MANIFEST_BYTES, len(data))  # as lift_manifest_limit

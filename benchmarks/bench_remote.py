@@ -21,7 +21,7 @@ rotating order in each repeat:
 and, untimed against the others, ``reshard``: rank 2*TP-1 of a layout with twice the TP size,
 loaded from the TP checkpoint with partial ranged reads (bytes and requests counted for the data
 objects, headers included, the manifest's one request not), once per gap budget of
-``--reshard-budgets`` (``shardspec.reshard_load.REMOTE_GAP_BUDGET``), to report the bytes asked
+``--reshard-budgets`` (``shardspec.reshard.load.REMOTE_GAP_BUDGET``), to report the bytes asked
 against the bytes of its pieces and the requests made: a row-parallel slice is a run per row,
 and only bridging the gaps between runs, with bytes nobody wants, saves requests.
 
@@ -62,9 +62,11 @@ from safetensors.torch import save as st_save
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shardspec  # noqa: E402
-from shardspec import Layout, remote, reshard_load  # noqa: E402
-from shardspec.limits import MANIFEST_NAME  # noqa: E402
-from shardspec.remote import RemoteRoot  # noqa: E402
+from shardspec import Layout  # noqa: E402
+from shardspec.format.limits import MANIFEST_NAME  # noqa: E402
+from shardspec.reshard import load as reshard_load  # noqa: E402
+from shardspec.storage import remote  # noqa: E402
+from shardspec.storage.remote import RemoteRoot  # noqa: E402
 from synthetic import make_weights, model_spec  # noqa: E402
 
 BUCKET = "bench"

@@ -11,7 +11,7 @@ Both include opening the checkpoint (manifest parse and checks). Cold by default
 timed load every data file of both checkpoints is flushed and evicted from the page cache
 (``fsync`` + ``posix_fadvise(POSIX_FADV_DONTNEED)``, no root needed); ``--warm`` also times
 warm loads. The bytes each load reads are counted (for the resharded load, by the loader's own
-:class:`shardspec.reshard_load.ReadStats`), and the two results are compared bit for bit.
+:class:`shardspec.reshard.load.ReadStats`), and the two results are compared bit for bit.
 
 Goals (the issue): bytes read <= 1.1 x the target piece's bytes; time <= 1.3 x native.
 This is a benchmark, not a test: it exits non-zero only when the loaded tensors differ.
@@ -38,7 +38,7 @@ import torch
 
 import shardspec
 from shardspec import Layout
-from shardspec.reshard_load import ReadStats, load_resharded
+from shardspec.reshard.load import ReadStats, load_resharded
 from synthetic import LAYERS, VOCAB, Spec, evict, make_weights, model_spec
 
 HERE = Path(__file__).resolve().parent

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from conftest import manifest_bytes
 from shardspec import Manifest
-from shardspec.checks import check_manifest, path_problem
-from shardspec.parse import parse_manifest
+from shardspec.format.checks import check_manifest, path_problem
+from shardspec.format.parse import parse_manifest
 
 SHA = "0" * 64
 

@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from shardspec import Manifest
-from shardspec import checks_fast as fast
-from shardspec.checks import check_manifest
-from shardspec.dtypes import DTYPES
-from shardspec.manifest import RANK_ORDERS, Layout
-from shardspec.schema import is_valid
+from shardspec.format import checks_fast as fast
+from shardspec.format.checks import check_manifest
+from shardspec.format.dtypes import DTYPES
+from shardspec.format.manifest import RANK_ORDERS, Layout
+from shardspec.format.schema import is_valid
 
 SHA = "0" * 64
 #: Small sizes mostly (so that more rules are reached), now and then one near 2**63.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shardspec.commit import TEMP_SUFFIX, commit_manifest, uncommit, write_durably
+from shardspec.storage.commit import TEMP_SUFFIX, commit_manifest, uncommit, write_durably
 
 
 def test_write_durably_renames_into_place(tmp_path: Path) -> None:

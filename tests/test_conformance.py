@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 
 import shardspec
 from shardspec.cli import app
-from shardspec.parse import parse_manifest
+from shardspec.format.parse import parse_manifest
 from shardspec.testing import (
     CommandReader,
     PythonReader,

@@ -20,9 +20,9 @@ from conftest import raw_bytes
 from hf_helpers import llama_tensors, load_hf_dir, write_hf_dir
 from shardspec.cli import app
 from shardspec.convert import convert, import_vllm, merge
-from shardspec.hf import HFError, HFSource, iter_slice, scan_safetensors
-from shardspec.manifest import Alias, TensorRecord
-from shardspec.tp_plan import PlanError
+from shardspec.convert.hf import HFError, HFSource, iter_slice, scan_safetensors
+from shardspec.convert.tp_plan import PlanError
+from shardspec.format.manifest import Alias, TensorRecord
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ def test_unmatched_weight_names_it_and_writes_nothing(tmp_path: Path) -> None:
     assert not dst.exists()
     # a plan that says to replicate it makes it fine
     plan = {"layers.*.mystery": "replicate", **json.loads(json.dumps(
-        shardspec.tp_plan.BUILTIN_PLAN))}
+        shardspec.convert.tp_plan.BUILTIN_PLAN))}
     convert(src, dst, tp_size=2, plan=plan)
     assert shardspec.validate(dst).ok
 
@@ -419,7 +419,7 @@ def test_cli_convert_merge_import(hf: tuple[Path, dict[str, torch.Tensor]],
     src, tensors = hf
     runner = CliRunner()
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps(dict(shardspec.tp_plan.BUILTIN_PLAN)))
+    plan.write_text(json.dumps(dict(shardspec.convert.tp_plan.BUILTIN_PLAN)))
     stages = tmp_path / "stages.json"
     stages.write_text(json.dumps({"layers.1.*.*": 0}))
     result = runner.invoke(app, ["convert", str(src), str(tmp_path / "ckpt"), "--tp", "2",

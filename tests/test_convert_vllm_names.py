@@ -17,8 +17,8 @@ from hf_helpers import expected_split_dim, llama_tensors, write_hf_dir
 from shardspec import validate
 from shardspec.cli import app
 from shardspec.convert import convert
-from shardspec.manifest import TensorRecord
-from shardspec.tp_plan import PlanError
+from shardspec.convert.tp_plan import PlanError
+from shardspec.format.manifest import TensorRecord
 from test_vllm_compat import PATTERN, vllm_sharded_state_load
 
 FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",

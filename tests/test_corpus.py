@@ -23,16 +23,22 @@ import torch
 from jsonschema import Draft202012Validator
 
 import shardspec
-from shardspec.dtypes import DTYPES, torch_layout
-from shardspec.errors import CODES, QuantizationError, RequestError, ShardspecError, StorageError
-from shardspec.manifest import Alias, TensorRecord
+from shardspec.format.dtypes import DTYPES, torch_layout
+from shardspec.format.errors import (
+    CODES,
+    QuantizationError,
+    RequestError,
+    ShardspecError,
+    StorageError,
+)
+from shardspec.format.manifest import Alias, TensorRecord
 
 REPO = Path(__file__).resolve().parents[1]
 CONFORMANCE = REPO / "conformance"
 VECTORS = CONFORMANCE / "vectors"
 sys.path.insert(0, str(CONFORMANCE))
 
-from make_vectors import st_tensors  # noqa: E402
+from vectorgen.raw import st_tensors  # noqa: E402
 from materialize import materialize  # noqa: E402
 
 #: Error codes about the caller's request (a rank, a device, a quantization, a target layout),

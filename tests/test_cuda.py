@@ -36,9 +36,9 @@ def test_default_device_is_cuda_local_rank(tiny: Tiny, monkeypatch: pytest.Monke
 def test_large_file_streams_through_the_staging_buffers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import shardspec.load
+    import shardspec.load.execute
 
-    monkeypatch.setattr(shardspec.load, "CHUNK_BYTES", 1 << 16)  # many chunks, both buffers
+    monkeypatch.setattr(shardspec.load.execute, "CHUNK_BYTES", 1 << 16)  # many chunks, both buffers
     tensor = torch.randint(0, 256, (1 << 20,), dtype=torch.uint8)
     shardspec.save({0: {"t": tensor, "odd": torch.arange(7, dtype=torch.int16)}},
                    tmp_path / "c", layout=shardspec.Layout(tp_size=1))
@@ -51,11 +51,11 @@ def test_large_file_streams_through_the_staging_buffers(
 def test_cuda_load_equals_cpu_load_moved_bit_for_bit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, buffers: int, readers: int
 ) -> None:
-    import shardspec.load
+    import shardspec.load.execute
 
-    monkeypatch.setattr(shardspec.load, "CHUNK_BYTES", 1 << 16)
-    monkeypatch.setattr(shardspec.load, "STAGING_BUFFERS", buffers)
-    monkeypatch.setattr(shardspec.load, "STAGING_READERS", readers)
+    monkeypatch.setattr(shardspec.load.execute, "CHUNK_BYTES", 1 << 16)
+    monkeypatch.setattr(shardspec.load.execute, "STAGING_BUFFERS", buffers)
+    monkeypatch.setattr(shardspec.load.execute, "STAGING_READERS", readers)
     gen = torch.Generator().manual_seed(3)
     state = {
         "a": torch.randint(-(2**15), 2**15, (777, 129), dtype=torch.int16, generator=gen)

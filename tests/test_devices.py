@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from shardspec import RequestError
-from shardspec.devices import resolve_device
+from shardspec.load.devices import resolve_device
 
 
 @pytest.fixture

@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shardspec.dtypes import DTYPES, byte_size, element_count, from_torch, spec_shape, torch_layout
-from shardspec.limits import MAX_SIZE
+from shardspec.format.dtypes import (
+    DTYPES,
+    byte_size,
+    element_count,
+    from_torch,
+    spec_shape,
+    torch_layout,
+)
+from shardspec.format.limits import MAX_SIZE
 
 
 def test_every_torch_dtype_maps_back() -> None:

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from shardspec.errors import (
+from shardspec.format.errors import (
     CODES,
     Finding,
     IntegrityError,

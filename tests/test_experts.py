@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardspec.experts import ExpertTensor, expert_rank, find_experts
+from shardspec.format.experts import ExpertTensor, expert_rank, find_experts
 
 
 def test_per_expert_stacked_shared_and_routers() -> None:

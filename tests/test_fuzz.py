@@ -56,8 +56,8 @@ from typer.testing import CliRunner
 import shardspec
 from conftest import make_tiny
 from shardspec.cli import app
-from shardspec.dtypes import DTYPES, element_count
-from shardspec.limits import SUPPORTED_MINOR
+from shardspec.format.dtypes import DTYPES, element_count
+from shardspec.format.limits import SUPPORTED_MINOR
 from shardspec.validate import _HASH_WORKERS
 
 REPO = Path(__file__).resolve().parents[1]

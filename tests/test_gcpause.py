@@ -6,8 +6,8 @@ import gc
 
 import pytest
 
-from shardspec.gcpause import paused_gc
-from shardspec.manifest import Piece
+from shardspec.format.gcpause import paused_gc
+from shardspec.format.manifest import Piece
 
 
 @pytest.mark.parametrize("enabled", [True, False])

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-import shardspec.integrity
-from shardspec.integrity import ALGORITHMS, digest_stream
+import shardspec.format.integrity
+from shardspec.format.integrity import ALGORITHMS, digest_stream
 
 
 @pytest.mark.parametrize("size", [0, 1, 1000, 3 * 1024 + 7])
 def test_digests_equal_hashlib(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
-    monkeypatch.setattr(shardspec.integrity, "_CHUNK", 1024)  # several chunks
+    monkeypatch.setattr(shardspec.format.integrity, "_CHUNK", 1024)  # several chunks
     data = bytes(i * 7 % 251 for i in range(size))
     seen: list[int] = []
     digests, total = digest_stream(io.BytesIO(data), ("sha256", "blake2b"), seen.append)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shardspec import json_dialect
-from shardspec.json_dialect import (
+from shardspec.format import json_dialect
+from shardspec.format.json_dialect import (
     JSONProblem,
     _skeleton,
     count_members,
@@ -18,7 +18,7 @@ from shardspec.json_dialect import (
     parse_strict_json,
     parse_strict_json_numbers,
 )
-from shardspec.parse import parse_manifest
+from shardspec.format.parse import parse_manifest
 
 LIMITS = {"max_bytes": 1_000_000, "max_depth": 64}
 

@@ -1,4 +1,5 @@
-"""Loading modes (shardspec.load, shardspec.host_memory): copy, mmap and staged, same bytes."""
+"""Loading modes (shardspec.load.execute, shardspec.load.host_memory): copy, mmap and staged, same
+bytes."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ import pytest
 import torch
 
 import shardspec
-import shardspec.host_memory
+import shardspec.load.host_memory
 import shardspec.reader
 from conftest import Tiny, assert_same_tensor, raw_bytes, sha256_file, write_handmade
 from fake_engine import FakeEngine
-from shardspec.host_memory import HUGE_PAGE_BYTES, fresh_buffer
-from shardspec.load import execute_plan
+from shardspec.load.execute import execute_plan
+from shardspec.load.host_memory import HUGE_PAGE_BYTES, fresh_buffer
 
 
 def _load(tiny: Tiny, rank: int, mode: str) -> dict[str, torch.Tensor]:
@@ -31,7 +32,7 @@ def _load(tiny: Tiny, rank: int, mode: str) -> dict[str, torch.Tensor]:
 def test_every_mode_returns_the_same_tensors_bit_exact(
     tiny: Tiny, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(shardspec.host_memory, "USE_HUGE_PAGES", mode == "copy-huge-pages")
+    monkeypatch.setattr(shardspec.load.host_memory, "USE_HUGE_PAGES", mode == "copy-huge-pages")
     for rank in range(2):
         loaded = _load(tiny, rank, mode)
         assert set(loaded) == set(tiny.expected[rank])
@@ -105,7 +106,7 @@ def test_copy_mode_tensors_do_not_see_later_changes_to_the_file(tiny: Tiny) -> N
 def test_fresh_buffer_is_writable_memory_of_the_exact_size(
     nbytes: int, huge_pages: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(shardspec.host_memory, "USE_HUGE_PAGES", huge_pages)
+    monkeypatch.setattr(shardspec.load.host_memory, "USE_HUGE_PAGES", huge_pages)
     buffer = fresh_buffer(nbytes)
     assert buffer.dtype == torch.uint8 and buffer.shape == (nbytes,)
     pattern = torch.arange(nbytes, dtype=torch.int64).remainder_(251).to(torch.uint8)
@@ -130,7 +131,7 @@ def _thp_mode() -> str | None:
 def test_large_fresh_buffers_are_eligible_for_huge_pages_when_enabled(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(shardspec.host_memory, "USE_HUGE_PAGES", True)
+    monkeypatch.setattr(shardspec.load.host_memory, "USE_HUGE_PAGES", True)
     buffer = fresh_buffer(8 * HUGE_PAGE_BYTES)
     start = buffer.data_ptr()
     smaps = Path("/proc/self/smaps").read_text().splitlines()

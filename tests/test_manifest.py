@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardspec import Layout, Manifest
-from shardspec.manifest import RANK_ORDERS, Alias, Piece, TensorRecord, format_version
+from shardspec.format.manifest import RANK_ORDERS, Alias, Piece, TensorRecord, format_version
 
 
 def test_format_version_is_1_2() -> None:

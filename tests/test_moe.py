@@ -17,8 +17,8 @@ from safetensors.torch import load_file, save_file
 import shardspec
 from shardspec import Layout, RequestError
 from shardspec.convert import convert, merge
-from shardspec.reshard_load import reshard
-from shardspec.tp_plan import PlanError
+from shardspec.convert.tp_plan import PlanError
+from shardspec.reshard import reshard
 
 transformers = pytest.importorskip("transformers")
 

@@ -10,9 +10,10 @@ import pytest
 
 import shardspec
 from conftest import SCHEMA_FILE, Tiny, manifest_bytes, rewrite_manifest
-from shardspec.limits import MAX_MANIFEST_BYTES
-from shardspec.parse import parse_manifest, read_manifest
-from shardspec.schema import manifest_schema, schema_bytes, schema_findings
+from shardspec.format.limits import MAX_MANIFEST_BYTES
+from shardspec.format.parse import parse_manifest
+from shardspec.format.schema import manifest_schema, schema_bytes, schema_findings
+from shardspec.storage.manifest_file import read_manifest
 
 
 def codes(data: dict[str, Any], **kwargs: Any) -> list[str]:
@@ -32,7 +33,7 @@ def test_schema_bytes_are_the_schema_file() -> None:
 
 
 def test_schema_lists_every_dtype() -> None:
-    from shardspec.dtypes import DTYPES
+    from shardspec.format.dtypes import DTYPES
 
     assert manifest_schema()["$defs"]["dtype"]["enum"] == list(DTYPES)
 

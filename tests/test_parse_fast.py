@@ -20,10 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import manifest_bytes
-from shardspec import Manifest, parse, parse_fast, schema
-from shardspec.parse import ParsedManifest, parse_manifest
-from shardspec.parse_fast import fast_manifest, manifest_members
-from shardspec.testing.strategies import broken_checkpoints, checkpoint_specs, mutation_kinds
+from shardspec import Manifest
+from shardspec.format import parse, parse_fast, schema
+from shardspec.format.parse import ParsedManifest, parse_manifest
+from shardspec.format.parse_fast import fast_manifest, manifest_members
+from shardspec.testing.broken import broken_checkpoints, mutation_kinds
+from shardspec.testing.strategies import checkpoint_specs
 from test_fuzz import dumps, json_values, manifest_regions, mutate_bytes, mutate_doc, nodes
 
 MANIFEST = "shardspec.json"
@@ -65,7 +67,7 @@ def test_members_are_counted_like_the_generic_walk(manifest_dict: dict[str, Any]
     manifest_dict["metadata"] = {"a": "b"}
     manifest_dict["extensions"] = {"my-ext": {"must_understand": False, "k": {"v": [{}]}}}
     assert schema.is_valid(manifest_dict)
-    from shardspec.json_dialect import count_members
+    from shardspec.format.json_dialect import count_members
 
     assert manifest_members(manifest_dict) == count_members(manifest_dict)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shardspec import PathError
-from shardspec.paths import open_inside, resolve_inside
+from shardspec.storage.paths import open_inside, resolve_inside
 
 
 @pytest.fixture

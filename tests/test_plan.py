@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from conftest import Tiny
-from shardspec.plan import plan_rank
+from shardspec.load.plan import plan_rank
 
 
 def test_plan_lists_only_the_ranks_files_and_tensors(tiny: Tiny) -> None:

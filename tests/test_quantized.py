@@ -16,9 +16,8 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 import shardspec
-from shardspec import fp8
-from shardspec.convert import convert, merge
-from shardspec.tp_plan import PlanError
+from shardspec.convert import convert, fp8, merge
+from shardspec.convert.tp_plan import PlanError
 
 GEN = torch.Generator().manual_seed(7)
 

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 import shardspec
-import shardspec.load
+import shardspec.load.execute
 from conftest import (
     Tiny,
     assert_same_tensor,
@@ -21,7 +21,7 @@ from conftest import (
     sha256_file,
     write_handmade,
 )
-from shardspec.errors import ShardspecError
+from shardspec.format.errors import ShardspecError
 
 
 def rank0_state(tiny: Tiny) -> dict[str, torch.Tensor]:
@@ -53,13 +53,13 @@ def test_load_rank_opens_only_that_ranks_files(
     tiny: Tiny, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     opened: list[str] = []
-    real_open_inside = shardspec.load.open_inside
+    real_open_inside = shardspec.load.execute.open_inside
 
     def recording(root: Path, relative: str) -> Any:
         opened.append(relative)
         return real_open_inside(root, relative)
 
-    monkeypatch.setattr(shardspec.load, "open_inside", recording)
+    monkeypatch.setattr(shardspec.load.execute, "open_inside", recording)
     shardspec.load_rank(tiny.path, 1, "cpu")
     assert opened == ["model-rank-1-part-0.safetensors"]
 

@@ -24,9 +24,10 @@ from hf_helpers import llama_tensors, write_hf_dir
 from shardspec import Layout
 from shardspec.cli import app
 from shardspec.convert import convert
-from shardspec.limits import MANIFEST_NAME
-from shardspec.remote import ObjectVersion, RemoteRoot, is_remote, local_path
-from shardspec.reshard_load import ReadStats, _requests, load_resharded, reshard
+from shardspec.format.limits import MANIFEST_NAME
+from shardspec.reshard import load_resharded, reshard
+from shardspec.reshard.boxes import ReadStats, requests_for
+from shardspec.storage.remote import ObjectVersion, RemoteRoot, is_remote, local_path
 
 
 @pytest.fixture
@@ -392,7 +393,7 @@ def test_requests_cover_every_target_within_the_allowance(
         targets.append((position, memoryview(bytearray(length))))
         position += length
     wanted = sum(len(v) for _, v in targets)
-    requests = _requests(targets, budget * wanted, most)
+    requests = requests_for(targets, budget * wanted, most)
     asked = sum(end - start for start, end, _ in requests)
     assert asked <= wanted * (1 + budget) + 1e-9
     assert all(0 < end - start <= most for start, end, _ in requests)

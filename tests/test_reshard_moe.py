@@ -18,10 +18,12 @@ import torch
 import shardspec
 from conftest import assert_same_tensor
 from shardspec import Layout, RequestError, Shard, Tie
-from shardspec.manifest import TensorRecord
-from shardspec.reshard_load import ReadStats, load_resharded
-from shardspec.reshard_plan import Resharder
-from shardspec.stages import assign_stages
+from shardspec.format.manifest import TensorRecord
+from shardspec.format.stages import assign_stages
+from shardspec.reshard import reshard
+from shardspec.reshard.boxes import ReadStats
+from shardspec.reshard.load import load_resharded
+from shardspec.reshard.plan import Resharder
 
 #: per dimension: (start, stop)
 Span = tuple[tuple[int, int], ...]
@@ -377,7 +379,7 @@ def test_a_written_reshard_across_ep_sizes_validates_and_keeps_the_ties(tmp_path
     model = stacked_fp8() | moe(4)
     save_model(tmp_path / "src", model, Layout(tp_size=2, ep_size=2), 4)
     layout = Layout(tp_size=1, ep_size=4)
-    shardspec.reshard_load.reshard(tmp_path / "src", tmp_path / "dst", layout)
+    reshard(tmp_path / "src", tmp_path / "dst", layout)
     report = shardspec.validate(tmp_path / "dst", checksums=True)
     assert report.ok, report.findings
     checkpoint = shardspec.open(tmp_path / "dst")

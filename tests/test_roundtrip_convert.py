@@ -15,7 +15,7 @@ import shardspec
 from conftest import raw_bytes
 from hf_helpers import expected_split_dim, llama_tensors, load_hf_dir, write_hf_dir
 from shardspec.convert import convert, merge
-from shardspec.stages import assign_stages
+from shardspec.format.stages import assign_stages
 
 
 @settings(max_examples=25)

@@ -4,7 +4,7 @@ resharded checkpoint validates with every checksum, and every resharded rank hol
 torch slice of its style (the test's own table of Llama styles, not the converter's).
 
 A TP=1 source (N=1) carries no split to infer: its pieces have one offset per dimension, so
-:mod:`shardspec.reshard_plan` (by design, see its docstring) lays every tensor out replicated
+:mod:`shardspec.reshard.plan` (by design, see its docstring) lays every tensor out replicated
 under the target TP size, and ``reshard`` has no ``split_dims`` to say otherwise. For N=1 the
 property therefore expects every resharded rank to hold whole tensors (which still merges back
 bit for bit), and additionally checks that a :class:`Resharder` given the split dims of the TP
@@ -25,10 +25,10 @@ from conftest import raw_bytes
 from hf_helpers import expected_split_dim, llama_tensors, load_hf_dir, write_hf_dir
 from shardspec import Layout
 from shardspec.convert import convert, merge
-from shardspec.manifest import Alias, TensorRecord
-from shardspec.reshard_load import load_resharded, reshard
-from shardspec.reshard_plan import Resharder
-from shardspec.stages import assign_stages
+from shardspec.format.manifest import Alias, TensorRecord
+from shardspec.format.stages import assign_stages
+from shardspec.reshard import load_resharded, reshard
+from shardspec.reshard.plan import Resharder
 
 CPU = torch.device("cpu")
 

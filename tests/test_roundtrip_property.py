@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import shardspec
 from conftest import raw_bytes
 from shardspec import Layout, Shard
-from shardspec.manifest import RANK_ORDERS, Alias
+from shardspec.format.manifest import RANK_ORDERS, Alias
 
 DTYPES = [
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.uint16, torch.int32, torch.uint32,

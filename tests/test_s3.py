@@ -17,10 +17,11 @@ from typer.testing import CliRunner
 import shardspec
 from conftest import assert_same_tensor, tp_states
 from hf_helpers import llama_tensors, write_hf_dir
-from shardspec import Layout, remote
+from shardspec import Layout
 from shardspec.cli import app
-from shardspec.limits import MANIFEST_NAME
-from shardspec.remote import RemoteRoot
+from shardspec.format.limits import MANIFEST_NAME
+from shardspec.storage import remote
+from shardspec.storage.remote import RemoteRoot
 
 if TYPE_CHECKING:
     from s3_server import Request, S3Server

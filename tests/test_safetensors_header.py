@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from conftest import safetensors_bytes, tensor_file_bytes
-from shardspec import SafetensorsError, safetensors_header
-from shardspec.dtypes import DTYPES, byte_size
-from shardspec.limits import MAX_SAFETENSORS_HEADER_BYTES
-from shardspec.safetensors_header import Header, read_header
+from shardspec import SafetensorsError
+from shardspec.format import safetensors_header
+from shardspec.format.dtypes import DTYPES, byte_size
+from shardspec.format.limits import MAX_SAFETENSORS_HEADER_BYTES
+from shardspec.format.safetensors_header import Header, read_header
 from test_fuzz import dumps, mutate_bytes, mutate_doc
 from test_fuzz import json_values as fuzz_values
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from shardspec import schema
-from shardspec.json_dialect import JSONProblem, parse_strict_json
-from shardspec.limits import MAX_JSON_DEPTH, MAX_MANIFEST_BYTES
+from shardspec.format import schema
+from shardspec.format.json_dialect import JSONProblem, parse_strict_json
+from shardspec.format.limits import MAX_JSON_DEPTH, MAX_MANIFEST_BYTES
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from shardspec import dtypes, errors, limits
+from shardspec.format import dtypes, errors, limits
 
 ROOT = Path(__file__).parents[1]
 SPEC_PATH = ROOT / "SPEC.md"
@@ -177,7 +177,7 @@ def limit_sections() -> dict[str, str]:
     """Constant name -> the section its ``#: SPEC x.y:`` comment in limits.py cites."""
     sections: dict[str, str] = {}
     current = None
-    for line in (PACKAGE / "limits.py").read_text(encoding="utf-8").splitlines():
+    for line in (PACKAGE / "format" / "limits.py").read_text(encoding="utf-8").splitlines():
         cited = re.match(r"#: SPEC (\d+(?:\.\d+)?)", line)
         if cited:
             current = cited[1]
@@ -213,9 +213,9 @@ def test_changelog_lists_the_supported_format_version() -> None:
 def test_every_section_cited_in_code_and_schema_exists_in_spec() -> None:
     numbers = set(headings(spec_text()))
     cited = {(code, c.section) for code, c in errors.CODES.items()}
-    for path in [*sorted(PACKAGE.glob("*.py")), SCHEMA_PATH]:
+    for path in [*sorted(PACKAGE.rglob("*.py")), SCHEMA_PATH]:
         text = path.read_text(encoding="utf-8")
-        cited |= {(path.name, number) for number in _CITATION.findall(text)}
+        cited |= {(str(path.relative_to(ROOT)), number) for number in _CITATION.findall(text)}
     missing = sorted((where, number) for where, number in cited if number not in numbers)
     assert not missing, f"cited sections without a SPEC.md heading: {missing}"
 

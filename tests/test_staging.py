@@ -1,4 +1,4 @@
-"""The staging pipeline (shardspec.staging): bounded buffers, ordering, exact bytes, errors."""
+"""The staging pipeline (shardspec.load.staging): bounded buffers, ordering, exact bytes, errors."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fake_engine import FakeEngine
-from shardspec.errors import SafetensorsError
-from shardspec.staging import staged_read
+from shardspec.format.errors import SafetensorsError
+from shardspec.load.staging import staged_read
 
 
 def _file(path: Path, size: int, seed: int) -> bytes:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from shardspec.manifest import Logical, Piece, TensorRecord, Tie
-from shardspec.ties import packing, tie_problem, tied_box
+from shardspec.format.manifest import Logical, Piece, TensorRecord, Tie
+from shardspec.format.ties import packing, tie_problem, tied_box
 
 
 def record(dtype: str, shape: tuple[int, ...], logical: tuple[int, ...] | None = None,
@@ -64,8 +64,8 @@ def test_tie_problems_have_their_codes() -> None:
 def test_a_base_piece_outside_its_tensor_is_left_to_the_bounds_rules() -> None:
     """A malformed base piece is piece-bounds (7.2), not a crash of the tie check."""
     from shardspec import Layout
-    from shardspec.checks import check_manifest
-    from shardspec.manifest import FileRecord, Manifest, Quantization, RankRecord
+    from shardspec.format.checks import check_manifest
+    from shardspec.format.manifest import FileRecord, Manifest, Quantization, RankRecord
 
     layout = Layout(tp_size=2)
     ranks = tuple(RankRecord(rank=r, **layout.coordinates(r), files=(FileRecord(

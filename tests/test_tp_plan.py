@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shardspec.tp_plan import (
+from shardspec.convert.tp_plan import (
     BUILTIN_PLAN,
     COMMON_EXTRAS,
     STYLES,

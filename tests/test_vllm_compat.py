@@ -27,7 +27,7 @@ from safetensors import safe_open
 
 from hf_helpers import expected_split_dim, llama_tensors, write_hf_dir
 from shardspec.convert import convert, import_vllm
-from shardspec.manifest import Alias, Manifest, TensorRecord
+from shardspec.format.manifest import Alias, Manifest, TensorRecord
 
 PATTERN = "model-rank-{rank}-part-{part}.safetensors"  # vLLM's DEFAULT_PATTERN
 

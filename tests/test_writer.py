@@ -17,7 +17,8 @@ import torch
 import shardspec
 from conftest import Tiny, assert_same_tensor, make_tiny, raw_bytes, read_manifest_dict
 from shardspec import Layout, Logical, Manifest, Quantization, Shard
-from shardspec.commit import TEMP_SUFFIX
+from shardspec.format.manifest import Alias
+from shardspec.storage.commit import TEMP_SUFFIX
 
 
 def load_all(path: Path) -> dict[int, dict[str, torch.Tensor]]:
@@ -137,7 +138,7 @@ def test_views_of_one_storage_with_different_names_are_stored_separately(tmp_pat
     for name, tensor in {"q": q, "k": k, "v": v}.items():
         assert_same_tensor(loaded[name], tensor)
     manifest = shardspec.open(tmp_path / "c").manifest
-    assert not any(isinstance(t, shardspec.manifest.Alias) for t in manifest.tensors.values())
+    assert not any(isinstance(t, Alias) for t in manifest.tensors.values())
 
 
 def test_tied_weights_become_an_alias_sharing_storage(tiny: Tiny) -> None:
@@ -157,7 +158,7 @@ def test_tying_on_some_ranks_only_is_not_an_alias(tmp_path: Path) -> None:
     emb = torch.randn(4, 2)
     states = {0: {"emb": emb, "head": emb}, 1: {"emb": emb.clone(), "head": emb.clone() + 1}}
     manifest = shardspec.save(states, tmp_path / "c", layout=Layout(tp_size=2))
-    assert not any(isinstance(t, shardspec.manifest.Alias) for t in manifest.tensors.values())
+    assert not any(isinstance(t, Alias) for t in manifest.tensors.values())
     loaded = load_all(tmp_path / "c")
     for rank, state in states.items():
         for name, tensor in state.items():

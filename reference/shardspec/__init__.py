@@ -1,9 +1,10 @@
 """shardspec: pre-sharded model checkpoints with a manifest, for per-rank loading.
 
-The data flows one way, one module a step: bytes on disk (:mod:`~shardspec.parse`,
-:mod:`~shardspec.safetensors_header`) -> a checked manifest (:mod:`~shardspec.manifest`,
-:mod:`~shardspec.checks`) -> a plan of reads for a rank (:mod:`~shardspec.plan`) -> tensors on a
-device (:mod:`~shardspec.load`). :mod:`~shardspec.writer` goes the other way.
+The data flows one way, one module a step: bytes on disk (:mod:`~shardspec.format.parse`,
+:mod:`~shardspec.format.safetensors_header`) -> a checked manifest
+(:mod:`~shardspec.format.manifest`, :mod:`~shardspec.format.checks`) -> a plan of reads for a rank
+(:mod:`~shardspec.load.plan`) -> tensors on a device (:mod:`~shardspec.load.execute`).
+:mod:`~shardspec.write.save` goes the other way.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
-from .errors import (
+from ._version import __version__
+from .format.errors import (
     ExtensionError,
     Finding,
     IntegrityError,
@@ -30,13 +30,13 @@ from .errors import (
     TensorRecordError,
     VersionError,
 )
-from .manifest import Layout, Logical, Manifest, Quantization, Tie, format_version
+from .format.manifest import Layout, Logical, Manifest, Quantization, Tie, format_version
 from .validate import Report, validate
 
 if TYPE_CHECKING:
     from .reader import Checkpoint, load_rank
     from .reader import open_checkpoint as open
-    from .writer import Shard, data_file_name, save, split
+    from .write.save import Shard, data_file_name, save, split
 
 #: Names whose modules import torch: loaded on first use, so that validating a checkpoint (and
 #: the command line's start-up) does not pay for importing torch.
@@ -44,10 +44,10 @@ _LAZY = {
     "Checkpoint": ("reader", "Checkpoint"),
     "load_rank": ("reader", "load_rank"),
     "open": ("reader", "open_checkpoint"),
-    "Shard": ("writer", "Shard"),
-    "data_file_name": ("writer", "data_file_name"),
-    "save": ("writer", "save"),
-    "split": ("writer", "split"),
+    "Shard": ("write.save", "Shard"),
+    "data_file_name": ("write.save", "data_file_name"),
+    "save": ("write.save", "save"),
+    "split": ("write.save", "split"),
 }
 
 

@@ -30,14 +30,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .devices import DeviceLike, resolve_device
-from .errors import Finding, QuantizationError, RequestError, ShardspecError
-from .limits import DEFAULT_MAX_FILE_SIZE
-from .location import PathOrURL, locate
-from .manifest import FileRecord, Layout, Logical, Manifest, Quantization, Tie
+from .format.errors import Finding, QuantizationError, RequestError, ShardspecError
+from .format.limits import DEFAULT_MAX_FILE_SIZE
+from .format.manifest import FileRecord, Layout, Logical, Manifest, Quantization, Tie
+from .load.devices import DeviceLike, resolve_device
 from .reader import Checkpoint, open_checkpoint
-from .reshard_plan import Resharder
-from .writer import (
+from .reshard.plan import Resharder
+from .storage.location import PathOrURL, locate
+from .write.save import (
     RankInfo,
     Shard,
     commit_checkpoint,

@@ -8,15 +8,15 @@ from typing import Any
 
 import torch
 
-from .devices import DeviceLike, resolve_device
-from .errors import Finding, QuantizationError, RequestError, raise_first_error
-from .load import execute_plan
-from .location import Location, PathOrURL, locate
-from .manifest import Layout, Manifest
-from .parse import read_manifest
-from .plan import RankPlan, plan_rank
-from .remote import RemoteRoot
-from .reshard_load import load_resharded
+from .format.errors import Finding, QuantizationError, RequestError, raise_first_error
+from .format.manifest import Layout, Manifest
+from .load.devices import DeviceLike, resolve_device
+from .load.execute import execute_plan
+from .load.plan import RankPlan, plan_rank
+from .reshard.load import load_resharded
+from .storage.location import Location, PathOrURL, locate
+from .storage.manifest_file import read_manifest
+from .storage.remote import RemoteRoot
 
 __all__ = ["Checkpoint", "load_rank", "open_checkpoint"]
 
@@ -24,7 +24,7 @@ __all__ = ["Checkpoint", "load_rank", "open_checkpoint"]
 class Checkpoint:
     """A committed, checked checkpoint, on disk or in object storage. Opening reads only the
     manifest. ``path`` is the directory (a :class:`~pathlib.Path`) or the storage prefix (a
-    :class:`~shardspec.remote.RemoteRoot`, whose ``str`` is its URL)."""
+    :class:`~shardspec.storage.remote.RemoteRoot`, whose ``str`` is its URL)."""
 
     def __init__(
         self, path: Location, manifest: Manifest, warnings: list[Finding],

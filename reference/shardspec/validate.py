@@ -1,7 +1,8 @@
 """Checking a whole checkpoint and reporting every finding, not only the first.
 
-Shares every check with the reader: the manifest chain of :mod:`shardspec.parse`, the header
-rules of :mod:`shardspec.safetensors_header` and the plan agreement of :mod:`shardspec.plan`.
+Shares every check with the reader: the manifest chain of :mod:`shardspec.format.parse`, the header
+rules of :mod:`shardspec.format.safetensors_header` and the plan agreement of
+:mod:`shardspec.load.plan`.
 """
 
 from __future__ import annotations
@@ -13,22 +14,17 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from .errors import Finding, ShardspecError
-from .gcpause import paused_gc
-from .integrity import ALGORITHMS, digest_stream
-from .location import Location, PathOrURL, locate
-from .manifest import FileRecord, Manifest
-from .parse import read_manifest
-from .paths import open_inside
-from .plan import FilePlan, plan_ranks
-from .remote import REQUESTS_IN_FLIGHT, RemoteRoot
-from .remote_files import (
-    FILES_IN_FLIGHT,
-    RemoteReader,
-    read_remote_header,
-    remote_version,
-)
-from .safetensors_header import read_header
+from .format.errors import Finding, ShardspecError
+from .format.gcpause import paused_gc
+from .format.integrity import ALGORITHMS, digest_stream
+from .format.manifest import FileRecord, Manifest
+from .format.safetensors_header import read_header
+from .load.plan import FilePlan, plan_ranks
+from .storage.location import Location, PathOrURL, locate
+from .storage.manifest_file import read_manifest
+from .storage.paths import open_inside
+from .storage.remote import REQUESTS_IN_FLIGHT, RemoteRoot
+from .storage.remote_files import FILES_IN_FLIGHT, RemoteReader, read_remote_header, remote_version
 
 __all__ = ["Report", "validate"]
 

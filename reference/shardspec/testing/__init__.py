@@ -1,8 +1,12 @@
 """The shardspec conformance suite as a library, for any implementation to reuse.
 
 - :mod:`~shardspec.testing.strategies`: Hypothesis strategies for valid checkpoints (written
-  with the reference writer, with what each rank must load) and for broken ones derived from
-  them (with the error a reader must refuse them with).
+  with the reference writer, with what each rank must load; what that writer cannot write is
+  done by :mod:`~shardspec.testing.handwritten`).
+- :mod:`~shardspec.testing.broken`: broken checkpoints derived from them, with the error a
+  reader must refuse them with (:mod:`~shardspec.testing.mutations`, the machinery;
+  :mod:`~shardspec.testing.broken_manifest` and :mod:`~shardspec.testing.broken_files`, the
+  ways to break them).
 - :mod:`~shardspec.testing.adapter`: the adapter protocol (``CMD CHECKPOINT_DIR RANK
   OUTPUT_FILE``): run a reader command or a Python function, read its output strictly.
 - :mod:`~shardspec.testing.checks`: judge one load or refusal, naming the SPEC requirement a
@@ -31,18 +35,12 @@ from .adapter import (
     reference_read,
     write_output,
 )
+from .broken import broken_checkpoints, mutation_kinds
 from .checks import CheckResult, diagnose, judge_load, judge_refusal
+from .mutations import Mutation
 from .profiles import PROFILE_ENV, load_profile
 from .runner import SuiteResult, find_vectors, print_report, run_suite, write_junit
-from .strategies import (
-    CheckpointSpec,
-    GeneratedCheckpoint,
-    Mutation,
-    broken_checkpoints,
-    checkpoint_specs,
-    checkpoints,
-    mutation_kinds,
-)
+from .strategies import CheckpointSpec, GeneratedCheckpoint, checkpoint_specs, checkpoints
 
 __all__ = [
     "DEFAULT_TIMEOUT",

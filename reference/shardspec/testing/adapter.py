@@ -37,8 +37,8 @@ from typing import IO, Protocol
 
 import torch
 
-from ..errors import SafetensorsError
-from ..safetensors_header import read_header
+from ..format.errors import SafetensorsError
+from ..format.safetensors_header import read_header
 
 __all__ = [
     "BatchReader",
@@ -393,7 +393,7 @@ def reference_load(checkpoint: str | os.PathLike[str], rank: int,
     writes it: each name with the spec dtype and element shape the manifest gives (F4 and F6
     come back from torch packed; the bytes are the same)."""
     import shardspec
-    from shardspec.manifest import Alias, TensorRecord
+    from shardspec.format.manifest import Alias, TensorRecord
 
     opened = shardspec.open(checkpoint, ignore_extensions=ignore_extensions)
     tensors = opened.load_rank(rank, "cpu", verify=True)

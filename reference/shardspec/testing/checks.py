@@ -106,7 +106,7 @@ def _byte_detail(dtype: str, shape: tuple[int, ...], where: int, expected: bytes
     """Which element holds the first differing byte, and both bytes there."""
     if where >= len(expected) or where >= len(got):
         return f" (expected {len(expected)} bytes, got {len(got)})"
-    from ..dtypes import DTYPES
+    from ..format.dtypes import DTYPES
 
     bits = DTYPES[dtype].bits
     element = where * 8 // bits

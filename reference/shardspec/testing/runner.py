@@ -29,16 +29,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..errors import ShardspecError
+from ..format.errors import ShardspecError
 from .adapter import Reader, read_output, reference_load, write_output
+from .broken import broken_checkpoints, mutation_kinds
 from .checks import PROTOCOL, CheckResult, judge_load, judge_refusal
-from .strategies import (
-    GeneratedCheckpoint,
-    Mutation,
-    broken_checkpoints,
-    checkpoint_specs,
-    mutation_kinds,
-)
+from .mutations import Mutation
+from .strategies import GeneratedCheckpoint, checkpoint_specs
 
 __all__ = ["TITLES", "Progress", "SuiteResult", "find_vectors", "print_report",
            "run_generated", "run_suite", "run_vectors", "write_junit"]

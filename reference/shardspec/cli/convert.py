@@ -1,0 +1,222 @@
+"""``shardspec convert``, ``merge`` and ``import-vllm``: registered on the app of :mod:`.cli`.
+
+Exit status as for the other commands: 0 success, 1 the input checkpoint is invalid (a SPEC
+finding), 2 the command could not run (bad arguments, an unusable plan or source directory).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from ..convert.hf import HFError
+from ..convert.tp_plan import PlanError, load_plan_file
+from ..format.errors import ShardspecError
+from ..format.limits import DEFAULT_MAX_FILE_SIZE
+from .app import (
+    app,
+    cannot_run,
+    err,
+    exit_code,
+    human_size,
+    out,
+    print_finding,
+    storage_options_for,
+)
+
+__all__ = ["parse_size"]
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """``5GB`` -> 5 * 10**9, ``5GiB`` -> 5 * 2**30, ``1000`` -> 1000 (as Hugging Face reads)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*", text.lower())
+    if not match:
+        raise typer.BadParameter(f"{text!r} is not a size such as 5GB, 500MiB or 1000000")
+    value = int(float(match[1]) * _UNITS[match[2] or ""])
+    if value < 1:
+        raise typer.BadParameter("a size must be at least 1 byte")
+    return value
+
+
+@contextmanager
+def _progress(what: str) -> Iterator[Callable[[int, int], None] | None]:
+    """A transient progress bar on a terminal (stderr); nothing otherwise."""
+    if not err.is_terminal:
+        yield None
+        return
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), TimeRemainingColumn(), console=err,
+                  transient=True) as bar:
+        task = bar.add_task(what, total=None)
+
+        def advance(count: int, total: int) -> None:
+            bar.update(task, total=total, advance=count)
+
+        yield advance
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    try:
+        yield
+    except ShardspecError as exc:
+        print_finding(exc.finding)
+        raise typer.Exit(exit_code([exc.finding])) from None
+    except (PlanError, HFError, FileExistsError, NotADirectoryError, ValueError, OSError) as exc:
+        cannot_run(str(exc))
+
+
+def _load_stages(path: Path | None) -> dict[str, int] | None:
+    if path is None:
+        return None
+    try:
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        cannot_run(f"cannot read the stages file {path}: {exc}")
+    if not isinstance(data, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in data.values()):
+        cannot_run(f"{path}: stages are a JSON object mapping name patterns to stage numbers")
+    return data
+
+
+class _Names(str, Enum):
+    hf = "hf"
+    vllm = "vllm"
+
+
+class _Quantize(str, Enum):
+    fp8 = "fp8"
+
+
+@app.command("convert")
+def convert_command(
+    src: Annotated[str, typer.Argument(help="The Hugging Face checkpoint directory (local).",
+                                       show_default=False)],
+    dst: Annotated[str, typer.Argument(
+        help="The shardspec checkpoint to write: a directory or a storage URL (s3://...).",
+        show_default=False)],
+    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel size.")],
+    pp: Annotated[int, typer.Option("--pp", min=1, help="Pipeline-parallel size.")] = 1,
+    ep: Annotated[int, typer.Option(
+        "--ep", min=1, help="Expert-parallel size: each layer's routed experts are dealt to "
+        "expert ranks in contiguous blocks (it must divide the number of experts).")] = 1,
+    plan: Annotated[Path | None, typer.Option(
+        "--plan", help="JSON file mapping name patterns to TP styles (colwise, rowwise, "
+        "replicate, embedding...). Default: the built-in plan of Mixtral, Qwen2/3-MoE and "
+        "DeepSeek-V2/V3; else config.json's base_model_tp_plan; else the built-in plan for "
+        "Llama, Mistral and Qwen2/3.")] = None,
+    stages: Annotated[Path | None, typer.Option(
+        "--stages", help="JSON file mapping name patterns to pipeline stages, overriding the "
+        "default (contiguous layers; embedding first, final norm and LM head last).")] = None,
+    allow_uneven: Annotated[bool, typer.Option(
+        "--allow-uneven", help="Split dims the TP size does not divide (first ranks get one "
+        "more).")] = False,
+    max_file_size: Annotated[str, typer.Option(
+        "--max-file-size", help="Cap on one data file (a new part starts past it).")
+    ] = str(DEFAULT_MAX_FILE_SIZE),
+    overwrite: Annotated[bool, typer.Option("--overwrite",
+                                            help="Replace a checkpoint in DST.")] = False,
+    names: Annotated[_Names, typer.Option(
+        "--names",
+        help="Tensor names: hf keeps Hugging Face's; vllm writes vLLM's fused qkv_proj and "
+        "gate_up_proj per rank (rank-local; TP > 1, PP = 1 only) for its sharded_state "
+        "loader.")] = _Names.hf,
+    quantize: Annotated[_Quantize | None, typer.Option(
+        "--quantize", help="Quantize on the way: fp8 writes linear weights as F8_E4M3 with "
+        "128x128 block scales (weight_scale_inv, as DeepSeek-V3 and vLLM's fp8 method).")
+    ] = None,
+) -> None:
+    """Convert a Hugging Face checkpoint into a TP x PP x EP shardspec checkpoint, streaming.
+
+    Pre-quantized checkpoints (FP8 with scales, AWQ, GPTQ, MXFP4) keep their scales and zero
+    points with the slices of their weights; a split through a block is refused."""
+    from ..convert.from_hf import convert  # imports torch: only when the command runs
+    cap = parse_size(max_file_size)
+    started = time.perf_counter()
+    with _errors():
+        tp_plan = load_plan_file(plan) if plan is not None else None
+        with _progress("converting") as progress:
+            manifest = convert(src, dst, tp_size=tp, pp_size=pp, ep_size=ep, plan=tp_plan,
+                               stages=_load_stages(stages), allow_uneven=allow_uneven,
+                               max_file_size=cap, overwrite=overwrite, progress=progress,
+                               names=names.value,
+                               quantize=None if quantize is None else quantize.value,
+                               storage_options=storage_options_for(dst))
+    size = sum(f.size for r in manifest.ranks for f in r.files)
+    out.print(f"[bold green]converted[/] {src} -> {dst}: tp={tp} pp={pp} ep={ep}, "
+              f"{len(manifest.tensors)} tensors, {manifest.world_size} ranks, "
+              f"{sum(len(r.files) for r in manifest.ranks)} data files ({human_size(size)}), "
+              f"{len(manifest.extra_files)} extra files in {time.perf_counter() - started:.1f} s")
+
+
+@app.command("merge")
+def merge_command(
+    src: Annotated[str, typer.Argument(help="The shardspec checkpoint (a local directory).",
+                                       show_default=False)],
+    dst: Annotated[str, typer.Argument(help="The Hugging Face directory to write (local).",
+                                        show_default=False)],
+    max_shard_size: Annotated[str, typer.Option(
+        "--max-shard-size", help="Cap on one shard, as Hugging Face counts it (5GB = 5e9 "
+        "bytes).")] = "5GB",
+    verify: Annotated[bool, typer.Option("--verify", help="Verify every checksum first.")
+                      ] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite",
+                                            help="Replace the weights in DST.")] = False,
+) -> None:
+    """Merge a shardspec checkpoint back into a Hugging Face checkpoint (shards + index)."""
+    from ..convert.to_hf import merge
+    cap = parse_size(max_shard_size)
+    started = time.perf_counter()
+    with _errors(), _progress("merging") as progress:
+        files = merge(src, dst, max_shard_size=cap, overwrite=overwrite, verify=verify,
+                      progress=progress)
+    out.print(f"[bold green]merged[/] {src} -> {dst}: {', '.join(files)} in "
+              f"{time.perf_counter() - started:.1f} s")
+
+
+@app.command("import-vllm")
+def import_vllm_command(
+    path: Annotated[str, typer.Argument(help="A local directory written by vLLM's "
+                                        "save_sharded_state.", show_default=False)],
+    overwrite: Annotated[bool, typer.Option("--overwrite",
+                                            help="Replace an existing manifest.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
+) -> None:
+    """Add a manifest to a vLLM sharded-state directory; no data file is rewritten."""
+    from ..convert.from_vllm import import_vllm
+    with _errors(), _progress("checksumming") as progress:
+        result = import_vllm(path, overwrite=overwrite, progress=progress)
+    manifest = result.manifest
+    if as_json:
+        out.print_json(json.dumps({
+            "tp_size": manifest.layout.tp_size,
+            "tensors": len(manifest.tensors),
+            "data_files": [f.path for r in manifest.ranks for f in r.files],
+            "extra_files": [f.path for f in manifest.extra_files],
+            "skipped": result.skipped,
+        }))
+        return
+    for name, why in result.skipped.items():
+        err.print(f"[yellow]skipped[/] {name}: {why}")
+    out.print(f"[bold green]imported[/] {path}: tp={manifest.layout.tp_size}, "
+              f"{len(manifest.tensors)} rank-local tensors, "
+              f"{sum(len(r.files) for r in manifest.ranks)} data files, "
+              f"{len(manifest.extra_files)} extra files")

@@ -1,0 +1,80 @@
+"""``shardspec validate``: every SPEC rule on every file, each finding with its code."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from ..storage.location import Location
+from ..storage.manifest_file import read_manifest
+from ..validate import Report, validate
+from .app import JsonOpt, PathArg, app, cannot_run, err, exit_code, location, out, print_finding
+
+__all__ = ["validate_command"]
+
+@app.command("validate")
+def validate_command(
+    path: PathArg,
+    checksums: Annotated[bool, typer.Option("--checksums", help="Also verify every digest.")
+                         ] = False,
+    rank: Annotated[int | None, typer.Option("--rank", help="Check only this rank's files.",
+                                             min=0)] = None,
+    ignore_extension: Annotated[list[str] | None, typer.Option(
+        "--ignore-extension", help="A must-understand extension known to be safe to ignore.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check a checkpoint: manifest, schema, layout, coverage, every data file; report all."""
+    root = location(path)
+    if rank is not None:
+        manifest = read_manifest(root).manifest
+        if manifest is not None and rank >= manifest.world_size:
+            cannot_run(f"--rank {rank} is not in 0..{manifest.world_size - 1}")
+    if checksums and not as_json and err.is_terminal:
+        report = _validate_with_progress(root, rank, ignore_extension or [])
+    else:
+        report = validate(root, checksums=checksums, rank=rank,
+                          ignore_extensions=ignore_extension or ())
+    if as_json:
+        out.print_json(json.dumps(report.to_dict()))
+    else:
+        _print_report(report, checksums)
+    raise typer.Exit(exit_code(report.findings))
+
+
+def _validate_with_progress(path: Location, rank: int | None, ignore: list[str]) -> Report:
+    parsed = read_manifest(path).manifest
+    total = 0
+    if parsed is not None:
+        ranks = range(parsed.world_size) if rank is None else [rank]
+        total = sum(f.size for r in ranks if 0 <= r < parsed.world_size
+                    for f in parsed.ranks[r].files)
+        total += sum(f.size for f in parsed.extra_files)
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), TimeRemainingColumn(), console=err,
+                  transient=True) as progress:
+        task = progress.add_task("verifying checksums", total=total or None)
+        return validate(path, checksums=True, rank=rank, ignore_extensions=ignore,
+                        progress=lambda n: progress.advance(task, n))
+
+
+def _print_report(report: Report, checksums: bool) -> None:
+    for finding in report.findings:
+        print_finding(finding)
+    summary = (f"{report.files_checked} files checked"
+               + (f", {report.checksums_verified} checksums verified" if checksums else ""))
+    if report.ok:
+        note = f" with {len(report.warnings)} warnings" if report.warnings else ""
+        out.print(f"[bold green]valid[/] {report.path}: {summary}{note}")
+    else:
+        out.print(f"[bold red]invalid[/] {report.path}: {len(report.errors)} errors, "
+                  f"{len(report.warnings)} warnings; {summary}")

@@ -1,0 +1,280 @@
+"""From Hugging Face: :func:`convert` splits a Hugging Face checkpoint directory into a TP x PP x
+EP shardspec checkpoint.
+
+:mod:`~shardspec.convert.plan` decides every tensor's pieces (a tensor-parallel plan,
+:mod:`~shardspec.convert.tp_plan`; contiguous pipeline stages, :mod:`~shardspec.format.stages`;
+routed experts over expert ranks; quantized weights with their tied scales). It streams: for
+each rank, for each tensor it holds, only that piece's bytes are read from the source
+(:func:`~shardspec.convert.hf.iter_box`) and written into the rank's file as they come
+(:func:`~shardspec.convert.hf.write_safetensors`), so peak memory is a bounded read buffer
+(16 MiB, or one row of a tensor where a row is larger), not the model nor even the largest
+tensor; with ``quantize="fp8"``, one piece of a quantized weight. The manifest is planned and
+checked before the first byte is written (:func:`~shardspec.write.save.plan_checkpoint`) and
+committed last.
+
+Tied embeddings: Hugging Face files drop ``lm_head.weight`` when ``tie_word_embeddings`` is
+set. Convert gives it back, because serving frameworks need the LM head on the last pipeline
+stage: where the LM head and the embedding have the same pieces on the same ranks, the data is
+stored once and the other name is an alias (SPEC 7.6); otherwise (different stages, or styles
+that split them differently) ``lm_head.weight`` is written as a tensor of its own, read from the
+embedding. The stored name of a tied pair is the alphabetically smaller one (``lm_head.weight``
+before ``model.embed_tokens.weight``), which is the name vLLM's sharded-state saver keeps of
+tensors sharing storage, so vLLM's loader finds the keys it expects.
+
+With ``names="vllm"`` the fused parameters of :mod:`~shardspec.convert.vllm_names` are
+written in place of the Hugging Face projections.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..format.dtypes import DTYPES, byte_size
+from ..format.limits import DEFAULT_MAX_FILE_SIZE
+from ..format.manifest import FileRecord, Layout, Manifest, Quantization, TensorRecord
+from ..storage.location import Location, PathOrURL, locate
+from ..storage.remote import RemoteRoot
+from ..write.save import (
+    RankInfo,
+    Shard,
+    TensorInfo,
+    commit_checkpoint,
+    copy_extra_files,
+    finish_manifest,
+    place_file,
+    plan_checkpoint,
+    prepare_directory,
+)
+from . import fp8
+from .directories import Progress, hf_extra_files, local_dir, read_json
+from .hf import HFSource, OutTensor, iter_box, write_safetensors
+from .plan import LM_HEAD, Split, Tied, plan_splits
+from .tp_plan import PlanError, TPPlan
+from .vllm_names import Fused, fuse_for_vllm
+
+__all__ = ["NAME_STYLES", "convert"]
+
+
+#: The values of ``convert``'s ``names``: Hugging Face's parameter names, or vLLM's fused ones.
+NAME_STYLES = ("hf", "vllm")
+
+
+def _quantization(config: Mapping[str, Any] | None) -> Quantization:
+    quant = (config or {}).get("quantization_config")
+    if isinstance(quant, dict):
+        method = str(quant.get("quant_method", "")).lower()
+        if re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", method):
+            return Quantization(method=method, config=dict(quant))
+    return Quantization()
+
+
+def _rank_infos(layout: Layout, splits: Mapping[str, Split | Tied | Fused], tied: str | None
+                ) -> list[RankInfo]:
+    infos = []
+    copies: dict[str, dict[tuple[tuple[int, ...], tuple[int, ...]], int]] = {}
+    for rank in range(layout.size):
+        coords = layout.coordinates(rank)
+        tensors: dict[str, TensorInfo] = {}
+        for name, split in splits.items():
+            if split.stage != coords["pp_rank"]:
+                continue
+            shard: Shard | None
+            if isinstance(split, Fused):  # rank-local (SPEC 7.5)
+                shard, shape, dtype = None, split.shape(coords["tp_rank"]), split.dtype
+            else:
+                box = split.box(coords["ep_rank"], coords["tp_rank"])
+                if box is None:
+                    continue
+                seen = copies.setdefault(name, {})
+                replica = seen[box] = seen.get(box, -1) + 1  # copies numbered in rank order
+                shard, shape = Shard(split.shape, box[0], replica=replica), box[1]
+                dtype = DTYPES[split.dtype]
+            nbytes = byte_size(dtype, shape)
+            if nbytes is None:
+                raise PlanError(f"tensor {name!r}: a piece of shape {list(shape)} in "
+                                f"{dtype.name} is not whole bytes (SPEC 6.5)")
+            tensors[name] = TensorInfo(dtype.name, shape, nbytes, shard)
+        aliases: dict[str, str] = {}
+        if tied is not None and tied in tensors and LM_HEAD in tensors \
+                and tensors[tied] == tensors[LM_HEAD]:
+            target, alias = sorted((tied, LM_HEAD))
+            aliases[alias] = target
+        infos.append(RankInfo(rank, tensors, aliases))
+    return infos
+
+
+def convert(
+    src: str | os.PathLike[str],
+    dst: PathOrURL,
+    *,
+    tp_size: int,
+    pp_size: int = 1,
+    ep_size: int = 1,
+    plan: TPPlan | Mapping[str, str] | None = None,
+    stages: Mapping[str, int] | None = None,
+    allow_uneven: bool = False,
+    max_file_size: int = DEFAULT_MAX_FILE_SIZE,
+    overwrite: bool = False,
+    metadata: Mapping[str, str] | None = None,
+    progress: Progress | None = None,
+    names: str = "hf",
+    quantize: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Manifest:
+    """Convert the Hugging Face checkpoint directory ``src`` to a shardspec checkpoint ``dst``
+    (a directory, or an object-storage URL with ``storage_options`` for its filesystem).
+
+    ``plan`` maps name patterns to styles (default: the config's ``base_model_tp_plan`` with
+    the common extras, else the built-in plan of Llama-, Mistral- and Qwen2-shaped models; see
+    :mod:`shardspec.convert.tp_plan`). ``stages`` overrides the pipeline stage of the tensors its
+    patterns match (default: :func:`shardspec.format.stages.assign_stages`: contiguous runs of
+    layers, the embedding on the first stage, the final norm and LM head on the last). A split dim
+    that ``tp_size`` does not divide is refused unless ``allow_uneven``.
+
+    ``ep_size`` deals each layer's routed experts to expert ranks in contiguous blocks
+    (:mod:`shardspec.format.experts`); within an expert rank they are split by tensor parallelism
+    like any MLP (a plan giving them ``replicate`` keeps each expert whole). Pre-quantized weights
+    (FP8 with block, channel or tensor scales, AWQ, GPTQ, MXFP4; :mod:`shardspec.convert.quantized`)
+    are recorded with their logical dtype and shape, and their scales and zero points tied to them
+    and split in the matching blocks (SPEC 8.4); a split through a block is refused.
+    ``quantize="fp8"`` writes linear weights as FP8 with 128 x 128 block scales
+    (:mod:`shardspec.convert.fp8`), and config.json with the matching ``quantization_config``.
+    Raises :class:`~shardspec.convert.tp_plan.PlanError` or :class:`~shardspec.convert.hf.HFError`
+    before writing anything when the source or the plan is unusable.
+
+    ``names="vllm"`` writes vLLM's fused ``qkv_proj`` and ``gate_up_proj`` tensors, rank-local,
+    in place of the Hugging Face projections (see the module's docstring); it needs
+    ``tp_size > 1`` and ``pp_size == 1``, head counts in ``config.json`` that the TP size
+    divides, and at least as many key/value heads as ranks.
+    """
+    for label, value in (("tp_size", tp_size), ("pp_size", pp_size), ("ep_size", ep_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{label} must be a positive integer, got {value!r}")
+    if names not in NAME_STYLES:
+        raise ValueError(f"names must be one of {list(NAME_STYLES)}, got {names!r}")
+    if names == "vllm" and (tp_size < 2 or pp_size != 1):
+        raise PlanError(f"names='vllm' needs tp_size > 1 and pp_size = 1 (got tp={tp_size}, "
+                        f"pp={pp_size}): vLLM's sharded-state loader reads tensor-parallel "
+                        "checkpoints only")
+    source = HFSource(local_dir(src, "the Hugging Face checkpoint to convert"))
+    root = locate(dst, storage_options)
+    if isinstance(root, Path) and root.resolve() == source.root.resolve():
+        raise ValueError("the destination must be another directory than the source")
+    if names == "vllm" and ep_size != 1:
+        raise PlanError("names='vllm' needs ep_size = 1: vLLM's sharded-state loader reads "
+                        "tensor-parallel checkpoints only")
+    layout = Layout(tp_size=tp_size, pp_size=pp_size, ep_size=ep_size)
+    planned = plan_splits(source, layout, plan, stages, allow_uneven, quantize)
+    splits: dict[str, Split | Tied | Fused] = dict(planned.splits)
+    if names == "vllm":
+        splits = fuse_for_vllm(planned.splits, source.config, tp_size)
+    extras = hf_extra_files(source.root, exclude=root if isinstance(root, Path) else None)
+    quantization = _quantization(source.config)
+    if quantize == "fp8":
+        quantization = Quantization(method="fp8", config=dict(fp8.CONFIG))
+    info = {"converted_from": "huggingface"}
+    draft = plan_checkpoint(
+        layout, _rank_infos(layout, splits, planned.tied_embedding), quantization=quantization,
+        logical=planned.logical, ties=planned.ties, metadata={**info, **(metadata or {})},
+        extra_files=list(extras), max_file_size=max_file_size,
+    )
+    with tempfile.TemporaryDirectory(prefix="shardspec-convert-") as folder:
+        if quantize == "fp8" and "config.json" in extras:
+            extras["config.json"] = _with_quantization(extras["config.json"], Path(folder))
+        return _write_converted(root, layout, draft, splits, extras, overwrite, progress)
+
+
+def _with_quantization(config: Path, folder: Path) -> Path:
+    """A copy of config.json that records ``--quantize fp8``'s quantization_config."""
+    data = read_json(config) or {}
+    data["quantization_config"] = dict(fp8.CONFIG)
+    out = folder / "config.json"
+    out.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return out
+
+
+def _write_converted(root: Location, layout: Layout, draft: Manifest,
+                     splits: Mapping[str, Split | Tied | Fused], extras: Mapping[str, Path],
+                     overwrite: bool, progress: Progress | None) -> Manifest:
+    total = sum(byte_size(DTYPES[r.dtype], p.shape) or 0 for r in draft.tensors.values()
+                if isinstance(r, TensorRecord) for p in r.pieces)
+    prepare_directory(root, overwrite)
+    advance = None if progress is None else (lambda n: progress(n, total))
+    records: dict[str, FileRecord] = {}
+    for rank in range(layout.size):
+        coords = layout.coordinates(rank)
+        for path, in_file in _names_by_file(draft, rank).items():
+            outs = [_piece_out(name, splits[name], coords, draft) for name in in_file]
+            records[path] = _write_part(root, path, outs, advance)
+    records.update({f.path: f for f in copy_extra_files(root, extras)})
+    manifest = finish_manifest(draft, records)
+    commit_checkpoint(root, manifest.to_json())
+    return manifest
+
+
+def _write_part(root: Location, path: str, outs: list[OutTensor],
+                advance: Callable[[int], None] | None) -> FileRecord:
+    """One data file, streamed from its pieces; hashed as written when it is a local one."""
+    def write(target: Path) -> tuple[int, str]:
+        return write_safetensors(target, outs, metadata={"format": "pt"}, progress=advance)
+
+    if isinstance(root, RemoteRoot):
+        return place_file(root, path, write)
+    size, sha = write(root / path)
+    return FileRecord(path=path, size=size, checksums={"sha256": sha})
+
+
+def _names_by_file(draft: Manifest, rank: int) -> dict[str, list[str]]:
+    names: dict[str, list[str]] = {f.path: [] for f in draft.ranks[rank].files}
+    for name, record in draft.tensors.items():
+        if isinstance(record, TensorRecord):
+            piece = record.piece_of(rank)
+            if piece is not None:
+                names[piece.file].append(name)
+    return names
+
+
+def _piece_out(name: str, split: Split | Tied | Fused, coords: Mapping[str, int],
+               draft: Manifest) -> OutTensor:
+    record = draft.tensors[name]
+    assert isinstance(record, TensorRecord)
+    tp_rank = coords["tp_rank"]
+    if isinstance(split, Fused):
+        fused = split
+        shape = fused.shape(tp_rank)
+        return OutTensor(name, record.dtype, shape, byte_size(DTYPES[record.dtype], shape) or 0,
+                         lambda: fused.chunks(tp_rank))
+    box = split.box(coords["ep_rank"], tp_rank)
+    assert box is not None
+    shape = box[1]
+    nbytes = byte_size(DTYPES[record.dtype], shape) or 0
+    return OutTensor(name, record.dtype, shape, nbytes, _chunks_of(split, coords))
+
+
+def _chunks_of(split: Split | Tied, coords: Mapping[str, int]
+               ) -> Callable[[], Iterator[bytes | bytearray]]:
+    """The bytes of the rank's piece: read from the source, or quantized as they are read."""
+    ep_rank, tp_rank = coords["ep_rank"], coords["tp_rank"]
+    base = split.base if isinstance(split, Tied) else split
+    base_box = base.box(ep_rank, tp_rank)
+    assert base_box is not None
+
+    def quantized(part: int) -> Iterator[bytes | bytearray]:
+        data = b"".join(iter_box(base.source, *base_box))
+        yield fp8.quantize_block(data, base.source.dtype.name, base_box[1])[part]
+
+    if isinstance(split, Tied) and split.source is None:
+        return lambda: quantized(1)  # the scale of a weight --quantize makes FP8
+    if isinstance(split, Split) and split.quantize:
+        return lambda: quantized(0)
+    source = split.source
+    assert source is not None
+    box = split.box(ep_rank, tp_rank)
+    assert box is not None
+    return lambda: iter_box(source, *box)

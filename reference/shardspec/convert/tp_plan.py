@@ -1,0 +1,336 @@
+"""Tensor-parallel plans: which tensors are split, along which dimension, for ``convert``.
+
+A plan maps name patterns to *styles*, in the vocabulary of transformers' tensor-parallel
+plans (``base_model_tp_plan`` in a model's config). A pattern matches a tensor name, or its
+module name (the name without its last segment, so ``layers.*.self_attn.q_proj`` covers both
+``...q_proj.weight`` and ``...q_proj.bias``), with or without the leading ``model.`` prefix.
+``*`` matches any run of characters other than ``.`` (transformers puts it where layer
+numbers go: ``layers.*.mlp.up_proj``). Where several patterns match, the most specific wins:
+one naming the tensor over one naming its module, then fewer ``*``, then the longer pattern,
+then the one listed first.
+
+How each style stores a tensor of ``n`` dimensions (a linear weight is ``[out, in]``):
+
+=============================================  ============================  ==================
+style                                          weight (n >= 2)               1-D (a bias)
+=============================================  ============================  ==================
+``colwise``, ``colwise_rep``,                  split dim ``n - 2`` (dim 0    split dim 0
+``colwise_gather_output``, ``local_colwise``   of ``[out, in]``)
+``rowwise``, ``rowwise_rep``,                  split dim ``n - 1`` (dim 1    replicated
+``rowwise_split_input``, ``local_rowwise``     of ``[out, in]``)
+``embedding``, ``embedding_rowwise``,          split dim 0 (the vocabulary)  split dim 0
+``vocab_parallel``
+``embedding_colwise``                          split dim 1                   (refused)
+``replicate``, ``replicated_with_grad_         replicated                    replicated
+allreduce``, ``sequence_parallel``, ``local``,
+``gather``, ``all_reduce``, ``local_params``
+=============================================  ============================  ==================
+
+The ``_rep`` / ``_gather_output`` / ``_split_input`` variants differ from the plain style only
+in how activations flow between ranks, not in how weights are stored. A scalar is replicated
+by the styles that replicate a 1-D tensor and refused by the others. Styles whose pieces are
+not rectangular slices (``packed_colwise``, ``packed_rowwise``, ``moe_tp_experts``,
+``mla_kv_a_proj``, ...) are refused: their pieces would be rank-local (SPEC 7.5).
+
+A split dimension of size ``d`` is cut into ``tp_size`` equal runs; where ``tp_size`` does not
+divide ``d``, :func:`split_sizes` refuses unless uneven splits are allowed, and then the first
+``d mod tp_size`` ranks hold one more (the sizes ``torch.tensor_split`` gives).
+
+Where the plan comes from (:func:`resolve_plan`): a plan the user gives; else the config's
+``base_model_tp_plan`` completed with :data:`COMMON_EXTRAS` (embedding, norms, LM head, which
+transformers leaves out because it replicates whatever a plan does not name); else
+:data:`MODEL_PLANS` by ``model_type``: Llama-, Mistral-, Qwen2/3-shaped models, and the
+mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V2/V3 (MLA), whose built-in plan
+wins over the config's (:data:`MOE_MODEL_TYPES`). Routed experts are split by tensor
+parallelism like any MLP; which expert rank holds them is ``convert``'s ``ep_size``
+(:mod:`shardspec.format.experts`). A tensor no pattern matches is an error, never silently
+replicated: a plan that wants a tensor replicated says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BUILTIN_MODEL_TYPES",
+    "BUILTIN_PLAN",
+    "COMMON_EXTRAS",
+    "DEEPSEEK_PLAN",
+    "MIXTRAL_PLAN",
+    "MODEL_PLANS",
+    "MOE_MODEL_TYPES",
+    "QWEN_MOE_PLAN",
+    "PlanError",
+    "REPLICATED",
+    "STYLES",
+    "TPPlan",
+    "load_plan_file",
+    "match_pattern",
+    "resolve_plan",
+    "split_dim",
+    "split_sizes",
+]
+
+
+class PlanError(ValueError):
+    """A plan that cannot be applied: unknown style, unmatched tensor, bad split."""
+
+
+#: Marker for "replicated" in :data:`STYLES`.
+REPLICATED = "replicated"
+
+#: style -> (rule for n >= 2 dims, rule for 1-D). A rule is an int (dim counted from the end if
+#: negative), REPLICATED, or None (refused).
+STYLES: dict[str, tuple[int | str | None, int | str | None]] = {
+    **{s: (-2, 0) for s in ("colwise", "colwise_rep", "colwise_gather_output",
+                            "local_colwise")},
+    **{s: (-1, REPLICATED) for s in ("rowwise", "rowwise_rep", "rowwise_split_input",
+                                     "local_rowwise")},
+    **{s: (0, 0) for s in ("embedding", "embedding_rowwise", "vocab_parallel")},
+    "embedding_colwise": (1, None),
+    **{s: (REPLICATED, REPLICATED) for s in ("replicate", "replicated_with_grad_allreduce",
+                                              "sequence_parallel", "local", "gather",
+                                              "all_reduce", "local_params")},
+}
+
+_NOT_SLICES = ("packed_colwise", "packed_rowwise", "local_packed_rowwise", "moe_tp_experts",
+               "moe_identity_expert", "mla_kv_a_proj", "grouped_gemm", "ep_router", "isolated")
+
+#: What transformers' ``base_model_tp_plan`` leaves out (it replicates anything unnamed): the
+#: vocabulary-parallel embedding, the norms and the LM head, as vLLM shards them.
+COMMON_EXTRAS: dict[str, str] = {
+    "embed_tokens": "embedding",
+    "layers.*.input_layernorm": "replicate",
+    "layers.*.post_attention_layernorm": "replicate",
+    "layers.*.self_attn.q_norm": "replicate",
+    "layers.*.self_attn.k_norm": "replicate",
+    "norm": "replicate",
+    "lm_head": "colwise_rep",
+}
+
+#: The plan of Llama-, Mistral- and Qwen2-shaped models (transformers' plan plus the extras).
+BUILTIN_PLAN: dict[str, str] = {
+    **COMMON_EXTRAS,
+    "layers.*.self_attn.q_proj": "colwise",
+    "layers.*.self_attn.k_proj": "colwise",
+    "layers.*.self_attn.v_proj": "colwise",
+    "layers.*.self_attn.o_proj": "rowwise",
+    "layers.*.mlp.gate_proj": "colwise",
+    "layers.*.mlp.up_proj": "colwise",
+    "layers.*.mlp.down_proj": "rowwise",
+}
+
+_ATTENTION = {k: v for k, v in BUILTIN_PLAN.items() if ".mlp." not in k}
+_MLP = {k: v for k, v in BUILTIN_PLAN.items() if ".mlp." in k}
+
+
+def _experts(module: str, gate: str, up: str, down: str) -> dict[str, str]:
+    """A routed-expert MLP as vLLM shards it: gate/up column-parallel, down row-parallel."""
+    return {f"{module}.{gate}": "colwise", f"{module}.{up}": "colwise",
+            f"{module}.{down}": "rowwise"}
+
+
+#: Mixtral: Llama attention; the router (``block_sparse_moe.gate``) replicated, as in vLLM.
+MIXTRAL_PLAN: dict[str, str] = {
+    **_ATTENTION,
+    "layers.*.block_sparse_moe.gate": "replicate",
+    **_experts("layers.*.block_sparse_moe.experts.*", "w1", "w3", "w2"),
+}
+
+#: Qwen2-MoE and Qwen3-MoE: routed experts, a shared expert (Qwen2-MoE) with its sigmoid gate,
+#: dense MLP layers where ``mlp_only_layers`` asks for them.
+QWEN_MOE_PLAN: dict[str, str] = {
+    **BUILTIN_PLAN,
+    "layers.*.mlp.gate": "replicate",
+    **_experts("layers.*.mlp.experts.*", "gate_proj", "up_proj", "down_proj"),
+    **_experts("layers.*.mlp.shared_expert", "gate_proj", "up_proj", "down_proj"),
+    "layers.*.mlp.shared_expert_gate": "replicate",
+}
+
+#: DeepSeek-V2/V3 (multi-head latent attention) as vLLM shards it: the low-rank down
+#: projections ``q_a_proj`` and ``kv_a_proj_with_mqa`` and their norms are replicated
+#: (``ReplicatedLinear``); ``q_b_proj`` (or ``q_proj`` without a q LoRA rank) and ``kv_b_proj``
+#: split by heads, ``o_proj`` by its input; the router and its correction bias replicated; routed
+#: and shared experts as MLPs.
+DEEPSEEK_PLAN: dict[str, str] = {
+    **COMMON_EXTRAS,
+    "layers.*.self_attn.q_proj": "colwise",
+    "layers.*.self_attn.q_a_proj": "replicate",
+    "layers.*.self_attn.q_a_layernorm": "replicate",
+    "layers.*.self_attn.q_b_proj": "colwise",
+    "layers.*.self_attn.kv_a_proj_with_mqa": "replicate",
+    "layers.*.self_attn.kv_a_layernorm": "replicate",
+    "layers.*.self_attn.kv_b_proj": "colwise",
+    "layers.*.self_attn.o_proj": "rowwise",
+    **_MLP,
+    "layers.*.mlp.gate": "replicate",
+    **_experts("layers.*.mlp.experts.*", "gate_proj", "up_proj", "down_proj"),
+    **_experts("layers.*.mlp.shared_experts", "gate_proj", "up_proj", "down_proj"),
+}
+
+#: ``model_type`` -> its built-in plan. For the mixture-of-experts types it is used even when
+#: the config carries a ``base_model_tp_plan``: transformers' MoE plans name styles whose pieces
+#: are not slices (``moe_tp_experts``, ``ep_router``...), and the plan here is vLLM's layout.
+MODEL_PLANS: dict[str, dict[str, str]] = {
+    "llama": BUILTIN_PLAN, "mistral": BUILTIN_PLAN, "qwen2": BUILTIN_PLAN, "qwen3": BUILTIN_PLAN,
+    "mixtral": MIXTRAL_PLAN, "qwen2_moe": QWEN_MOE_PLAN, "qwen3_moe": QWEN_MOE_PLAN,
+    "deepseek_v2": DEEPSEEK_PLAN, "deepseek_v3": DEEPSEEK_PLAN,
+}
+
+#: The types whose built-in plan wins over the config's own plan.
+MOE_MODEL_TYPES = frozenset({"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"})
+
+#: ``model_type`` values with a built-in plan.
+BUILTIN_MODEL_TYPES = frozenset(MODEL_PLANS)
+
+
+@functools.lru_cache(maxsize=4096)
+def _regex(pattern: str) -> re.Pattern[str]:
+    return re.compile("".join("[^.]*" if c == "*" else re.escape(c) for c in pattern))
+
+
+def match_pattern(pattern: str, name: str) -> int | None:
+    """0 if ``pattern`` names the tensor ``name``, 1 if it names its module, else None."""
+    regex = _regex(pattern)
+    candidates = [name]
+    if name.startswith("model."):
+        candidates.append(name[len("model."):])
+    if any(regex.fullmatch(n) for n in candidates):
+        return 0
+    modules = [n.rpartition(".")[0] for n in candidates]
+    if any(m and regex.fullmatch(m) for m in modules):
+        return 1
+    return None
+
+
+@dataclass(frozen=True)
+class TPPlan:
+    """Patterns -> styles, and where the plan came from (for messages)."""
+
+    patterns: Mapping[str, str]
+    source: str = "plan"
+
+    def __post_init__(self) -> None:
+        for pattern, style in self.patterns.items():
+            if not isinstance(pattern, str) or not pattern:
+                raise PlanError(f"{self.source}: a pattern must be a non-empty string")
+            _check_style(style, f"{self.source}: pattern {pattern!r}")
+
+    def style_of(self, name: str) -> str | None:
+        """The style of tensor ``name``, or None where no pattern matches."""
+        best: tuple[int, int, int, int] | None = None
+        style = None
+        for index, (pattern, candidate) in enumerate(self.patterns.items()):
+            kind = match_pattern(pattern, name)
+            if kind is None:
+                continue
+            key = (kind, pattern.count("*"), -len(pattern), index)
+            if best is None or key < best:
+                best, style = key, candidate
+        return style
+
+    def styles(self, names: Iterable[str]) -> dict[str, str]:
+        """The style of every name; PlanError naming the first tensor no pattern matches."""
+        out: dict[str, str] = {}
+        unmatched = []
+        for name in names:
+            style = self.style_of(name)
+            if style is None:
+                unmatched.append(name)
+            else:
+                out[name] = style
+        if unmatched:
+            more = f" (and {len(unmatched) - 1} more)" if len(unmatched) > 1 else ""
+            raise PlanError(
+                f"tensor {unmatched[0]!r}{more} matches no pattern of the tensor-parallel plan "
+                f"({self.source}); add a pattern for it, with style 'replicate' to keep it whole "
+                f"on every rank: {unmatched}")
+        return out
+
+
+def _check_style(style: Any, where: str) -> None:
+    if style in STYLES:
+        return
+    if style in _NOT_SLICES:
+        raise PlanError(f"{where}: style {style!r} stores pieces that are not rectangular "
+                        "slices of one tensor; convert cannot write it (SPEC 7.5)")
+    raise PlanError(f"{where}: unknown style {style!r}; known styles: {sorted(STYLES)}")
+
+
+def split_dim(style: str, shape: tuple[int, ...], name: str = "tensor") -> int | None:
+    """The dimension ``style`` splits a tensor of ``shape`` along, or None: replicated."""
+    _check_style(style, f"tensor {name!r}")
+    big, one = STYLES[style]
+    ndim = len(shape)
+    rule = big if ndim >= 2 else one
+    if ndim == 0:
+        if one == REPLICATED:
+            return None
+        raise PlanError(f"tensor {name!r} is a scalar; style {style!r} cannot split it")
+    if rule is None:
+        raise PlanError(f"tensor {name!r} has {ndim} dimension(s); style {style!r} needs more")
+    if rule == REPLICATED:
+        return None
+    assert isinstance(rule, int)
+    dim = rule % ndim if rule < 0 else rule
+    if dim >= ndim:
+        raise PlanError(f"tensor {name!r} has {ndim} dimension(s); style {style!r} splits "
+                        f"dim {dim}")
+    return dim
+
+
+def split_sizes(size: int, parts: int, *, allow_uneven: bool = False, name: str = "tensor",
+                dim: int = 0) -> list[int]:
+    """How many of ``size`` rows each of ``parts`` ranks holds (torch.tensor_split's sizes)."""
+    base, extra = divmod(size, parts)
+    if extra and not allow_uneven:
+        raise PlanError(f"tensor {name!r}: dim {dim} has size {size}, which {parts} ranks "
+                        "cannot split evenly; choose another tp size or allow uneven splits "
+                        "(--allow-uneven)")
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def load_plan_file(path: str | Path) -> TPPlan:
+    """A plan from a JSON file: ``{pattern: style}``, or an object with ``tp_plan`` or
+    ``base_model_tp_plan`` holding one (used as given: nothing is added)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PlanError(f"cannot read the plan file {path}: {exc}") from None
+    if isinstance(data, dict):
+        for key in ("tp_plan", "base_model_tp_plan"):
+            if isinstance(data.get(key), dict):
+                data = data[key]
+                break
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise PlanError(f"{path}: a plan is a JSON object mapping name patterns to style names")
+    return TPPlan(dict(data), source=str(path))
+
+
+def resolve_plan(config: Mapping[str, Any] | None, plan: TPPlan | Mapping[str, str] | None
+                 ) -> TPPlan:
+    """The plan to use: the one given, else the config's, else the built-in one."""
+    if isinstance(plan, TPPlan):
+        return plan
+    if plan is not None:
+        return TPPlan(dict(plan), source="the given plan")
+    config = config or {}
+    model_type = config.get("model_type")
+    if model_type in MOE_MODEL_TYPES:
+        return TPPlan(MODEL_PLANS[model_type], source=f"the built-in plan for {model_type}")
+    from_config = config.get("base_model_tp_plan")
+    if isinstance(from_config, dict) and from_config:
+        return TPPlan({**COMMON_EXTRAS, **from_config},
+                      source="config.json base_model_tp_plan and the common extras")
+    if model_type in BUILTIN_MODEL_TYPES:
+        return TPPlan(MODEL_PLANS[model_type], source=f"the built-in plan for {model_type}")
+    raise PlanError(
+        f"no tensor-parallel plan for model_type {model_type!r}: config.json has no "
+        f"base_model_tp_plan and the built-in plan covers {sorted(BUILTIN_MODEL_TYPES)}; "
+        "give one with --plan FILE (a JSON object mapping name patterns to styles)")

@@ -1,0 +1,143 @@
+"""vLLM's fused parameters (``names="vllm"``): each TP rank's ``qkv_proj`` and ``gate_up_proj``.
+
+Each TP rank's ``...self_attn.qkv_proj.weight`` (and ``.bias``) is its q rows, then its k rows,
+then its v rows (``num_attention_heads / tp`` query heads and ``num_key_value_heads / tp``
+key/value heads), and its ``...mlp.gate_up_proj.weight`` its gate rows then its up rows. Under
+grouped-query attention such a piece is not a slice of one global tensor, so the fused tensors
+are rank-local (SPEC 7.5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .hf import iter_slice
+from .plan import Split, Tied
+from .tp_plan import PlanError
+
+__all__ = ["Fused", "fuse_for_vllm"]
+
+
+#: vLLM's fusions: (module suffix of the fused parameter, the Hugging Face modules it joins).
+_VLLM_FUSIONS = (
+    ("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+    ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")),
+)
+
+
+@dataclass(frozen=True)
+class Fused:
+    """A rank-local tensor written as each rank's dim-0 slices of ``members``, one after the
+    other (vLLM's ``qkv_proj`` and ``gate_up_proj``); every member is split along dim 0."""
+
+    members: tuple[Split, ...]
+    stage: int
+
+    @property
+    def dtype(self) -> Any:
+        return self.members[0].source.dtype
+
+    def shape(self, tp_rank: int) -> tuple[int, ...]:
+        rows = sum(m.sizes[tp_rank] for m in self.members)
+        return (rows, *self.members[0].source.shape[1:])
+
+    def chunks(self, tp_rank: int) -> Iterator[bytes | bytearray]:
+        for member in self.members:
+            box = member.box(0, tp_rank)  # vLLM's layouts have ep_size 1
+            assert box is not None
+            start = box[0][0]
+            yield from iter_slice(member.source, 0, start, start + box[1][0])
+
+
+def _config_int(config: Mapping[str, Any], key: str) -> int:
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(f"names='vllm' needs a positive integer {key} in config.json, got "
+                        f"{value!r}")
+    return value
+
+
+def fuse_for_vllm(splits: dict[str, Split | Tied], config: Mapping[str, Any] | None,
+                   tp_size: int) -> dict[str, Split | Tied | Fused]:
+    """``splits`` with vLLM's fused tensors in place of the projections they join (each at
+    the position of its first member); PlanError where vLLM's layout cannot be written."""
+    config = config or {}
+    heads = _config_int(config, "num_attention_heads")
+    kv_heads = _config_int(config, "num_key_value_heads") \
+        if config.get("num_key_value_heads") is not None else heads
+    if config.get("head_dim") is not None:
+        head_dim = _config_int(config, "head_dim")
+    else:
+        head_dim = _config_int(config, "hidden_size") // heads
+    if kv_heads < tp_size:
+        raise PlanError(f"names='vllm': num_key_value_heads ({kv_heads}) is smaller than the TP "
+                        f"size ({tp_size}); vLLM then replicates key/value heads across ranks, "
+                        "which convert does not write")
+    for label, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
+        if count % tp_size:
+            raise PlanError(f"names='vllm': {label} ({count}) is not a multiple of the TP size "
+                            f"({tp_size})")
+    rows_of = {"self_attn.q_proj": heads * head_dim, "self_attn.k_proj": kv_heads * head_dim,
+               "self_attn.v_proj": kv_heads * head_dim}
+    fused_at: dict[str, str] = {}       # member name -> fused name
+    groups: dict[str, list[str]] = {}   # fused name -> member names
+    for name in splits:
+        module, _, leaf = name.rpartition(".")
+        for fused, joined in _VLLM_FUSIONS:
+            for part in joined:
+                if module == part or module.endswith("." + part):
+                    prefix = module[:len(module) - len(part)]
+                    fused_name = f"{prefix}{fused}.{leaf}"
+                    wanted = [f"{prefix}{m}.{leaf}" for m in joined]
+                    missing = [w for w in wanted if w not in splits]
+                    if missing:
+                        raise PlanError(f"names='vllm': {name!r} is fused with {missing} into "
+                                        f"{fused_name!r}, but the checkpoint lacks them")
+                    if fused_name in splits:
+                        raise PlanError(f"names='vllm': the checkpoint already holds "
+                                        f"{fused_name!r}")
+                    fused_at[name] = fused_name
+                    groups[fused_name] = wanted
+    if not groups:
+        raise PlanError("names='vllm' found no q/k/v or gate/up projections to fuse; use "
+                        "names='hf'")
+    tied = [n for n, s in splits.items() if not isinstance(s, Split)]
+    if tied:
+        raise PlanError(f"names='vllm' cannot fuse quantized projections: {tied[0]!r} is tied "
+                        "to a weight (SPEC 8.4); use names='hf'")
+    plain = {n: s for n, s in splits.items() if isinstance(s, Split)}
+    out: dict[str, Split | Tied | Fused] = {}
+    for name, split in plain.items():
+        target = fused_at.get(name)
+        if target is None:
+            out[name] = split
+            continue
+        if target in out:
+            continue
+        members = tuple(plain[m] for m in groups[target])
+        for member_name, member in zip(groups[target], members, strict=True):
+            module = member_name.rpartition(".")[0]
+            if member.dim != 0:
+                raise PlanError(f"names='vllm': {member_name!r} must be split along dim 0 "
+                                f"(colwise) to be fused into {target!r}; the plan gives style "
+                                f"{member.style!r}")
+            kind = next((k for k in rows_of if module == k or module.endswith("." + k)), None)
+            if kind is not None and member.source.shape[0] != rows_of[kind]:
+                raise PlanError(f"names='vllm': {member_name!r} has {member.source.shape[0]} "
+                                f"rows, but config.json gives {rows_of[kind]} (heads x "
+                                f"head_dim {head_dim})")
+            if len(set(member.sizes)) != 1:
+                raise PlanError(f"names='vllm': {member_name!r} (dim 0 of size "
+                                f"{member.source.shape[0]}) does not split evenly over "
+                                f"{tp_size} ranks")
+        if len({m.source.dtype.name for m in members}) != 1 or \
+                len({m.source.shape[1:] for m in members}) != 1:
+            raise PlanError(f"names='vllm': the tensors fused into {target!r} ({groups[target]}) "
+                            "differ in dtype or in their dims after the first")
+        if len({m.stage for m in members}) != 1:
+            raise PlanError(f"names='vllm': the tensors fused into {target!r} are on different "
+                            "pipeline stages")
+        out[target] = Fused(members, members[0].stage)
+    return out

@@ -1,0 +1,67 @@
+"""Durable, atomic file writes and the commit protocol of SPEC 10.
+
+Data files are written under a temporary name, synced and renamed; the manifest is written the
+same way, last. A crash at any point leaves either the old manifest with its files, or none.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from ..format.limits import MANIFEST_NAME
+
+__all__ = ["TEMP_SUFFIX", "commit_manifest", "fsync_dir", "uncommit", "write_durably"]
+
+#: Temporary files start with '.' and end with this, so no reader or vLLM glob matches them.
+TEMP_SUFFIX = ".shardspec-tmp"
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make renames and removals in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durably(final: Path, write: Callable[[Path], object]) -> None:
+    """Run ``write(temp_path)``, sync the result and rename it to ``final`` (SPEC 10.1).
+
+    The directory itself is synced by the caller, once for a batch of files.
+    """
+    temp = final.with_name(f".{final.name}{TEMP_SUFFIX}")
+    try:
+        write(temp)
+        _fsync_file(temp)
+        os.replace(temp, final)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def commit_manifest(root: Path, manifest_json: bytes) -> None:
+    """Write the manifest last, atomically; after this the checkpoint exists (SPEC 10.1)."""
+    fsync_dir(root)  # every data file's rename is durable before the manifest can be
+
+    def write(temp: Path) -> None:
+        temp.write_bytes(manifest_json)
+
+    write_durably(root / MANIFEST_NAME, write)
+    fsync_dir(root)
+
+
+def uncommit(root: Path) -> None:
+    """Remove the manifest durably before any data file changes (SPEC 10.2)."""
+    (root / MANIFEST_NAME).unlink(missing_ok=True)
+    fsync_dir(root)

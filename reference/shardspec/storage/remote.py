@@ -1,0 +1,426 @@
+"""Checkpoints in object storage, through fsspec: a prefix, its objects, ranged reads (SPEC 2.4).
+
+A remote checkpoint is a URL prefix (``s3://bucket/prefix``, ``gs://``, ``az://``, ``hf://``,
+``memory://`` or any other fsspec protocol). A manifest path names the object ``prefix/path``
+after the lexical checks of SPEC 2.2; object stores have no symlinks and no ``..``, so a checked
+path cannot name an object outside the prefix. Nothing is listed: the manifest alone says which
+objects exist.
+
+Every read is a ranged request, retried on transient failures, several in flight at once. An
+object's size and version (ETag, generation) are taken before its bytes are read and compared
+again after; a change in between is error ``object-changed``, never torn data (SPEC 9.3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..format.checks import path_problem
+from ..format.errors import Finding, IntegrityError, PathError, ShardspecError, StorageError
+
+__all__ = [
+    "REQUEST_BYTES",
+    "REQUESTS_IN_FLIGHT",
+    "RETRIES",
+    "ObjectVersion",
+    "RemoteRoot",
+    "Traffic",
+    "is_remote",
+    "local_path",
+]
+
+#: Bytes asked by one ranged request: large enough to amortise a request's latency, small enough
+#: that a rank's reads spread over many connections (the range object stores recommend).
+REQUEST_BYTES = 16 * 1024 * 1024
+
+#: Requests in flight at once per load, validation or copy.
+REQUESTS_IN_FLIGHT = 16
+
+#: Requests kept ahead of a stream's reader (hashing a file for ``validate --checksums``).
+STREAM_AHEAD = 4
+
+#: Attempts of one request on a transient failure (a 5xx, a dropped connection, a short body).
+RETRIES = 4
+
+#: First wait between attempts, in seconds; it doubles with each attempt.
+RETRY_WAIT = 0.05
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+#: SPEC 2.4 rule 1: characters that URLs and store clients give a meaning (an escape, a query,
+#: a fragment, s3fs's ``?versionId=``), and control characters.
+_URL_SPECIAL = re.compile(r"[%?#\x00-\x1f\x7f]")
+
+#: Exceptions of these libraries are the store's or the network's answers, worth another try
+#: (the ones that are not, FileNotFoundError and PermissionError, are told apart first).
+_CLIENT_MODULES = frozenset({
+    "aiohttp", "aiobotocore", "botocore", "urllib3", "requests", "http", "fsspec", "s3fs",
+    "gcsfs", "adlfs", "azure", "google", "huggingface_hub", "ssl", "socket",
+})
+
+#: Credential errors of the usual clients: refused before any request is answered.
+_CREDENTIAL_ERRORS = frozenset({
+    "NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
+    "NoAuthTokenError", "ClientAuthenticationError", "DefaultCredentialsError", "RefreshError",
+})
+
+#: Errors of shardspec's own code paths: a bug, never retried or disguised as a storage failure.
+_BUGS = (TypeError, AttributeError, KeyError, IndexError, NameError, AssertionError)
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+#: fsspec ``info`` fields that identify an object's content, most specific first: S3's ETag and
+#: version id, GCS's generation, Azure's etag, the Hub's blob id; memory and local files have
+#: only their times.
+_VERSION_FIELDS = ("VersionId", "ETag", "generation", "etag", "blob_id", "mtime", "created")
+
+T = TypeVar("T")
+
+
+def is_remote(path: object) -> bool:
+    """Whether ``path`` is a URL for fsspec (``file://`` URLs are local paths)."""
+    return isinstance(path, str) and bool(_URL.match(path)) and not path.startswith("file://")
+
+
+def local_path(path: str) -> str:
+    """``file:///a/b`` -> ``/a/b``; anything else unchanged."""
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+@dataclass
+class Traffic:
+    """What a :class:`RemoteRoot` asked of the store: for benchmarks, tests and the curious."""
+
+    #: ranged reads answered (retries not counted twice)
+    reads: int = 0
+    #: bytes those reads returned
+    bytes_read: int = 0
+    #: metadata requests (size and version)
+    stats: int = 0
+
+
+@dataclass(frozen=True)
+class ObjectVersion:
+    """What identifies one object's content while it is read: its size and version fields."""
+
+    size: int
+    tag: tuple[tuple[str, str], ...]
+
+
+class RemoteRoot:
+    """A checkpoint prefix in object storage, and the reads and writes made under it."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None,
+                 filesystem: Any = None) -> None:
+        try:
+            import fsspec  # noqa: PLC0415 - only remote checkpoints need fsspec
+        except ImportError:
+            raise StorageError(Finding(
+                code="storage-unavailable", file=url,
+                message="reading object storage needs fsspec (and the filesystem's package)",
+                hint="pip install 'shardspec[s3]' (or fsspec plus gcsfs, adlfs, ...)")) from None
+        self.url = url.rstrip("/")
+        if filesystem is None:
+            try:
+                filesystem, prefix = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+            except (ImportError, ValueError) as exc:
+                raise StorageError(Finding(
+                    code="storage-unavailable", file=url,
+                    message=f"no fsspec filesystem for this URL: {exc}",
+                    hint="install the filesystem's package (s3fs for s3://: "
+                    "pip install 'shardspec[s3]')")) from None
+        else:
+            prefix = filesystem._strip_protocol(self.url)
+        self.fs = filesystem
+        self.prefix = str(prefix).rstrip("/")
+        #: running totals of the requests made through this root
+        self.traffic = Traffic()
+        self._traffic_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"RemoteRoot({self.url!r})"
+
+    def __str__(self) -> str:
+        return self.url
+
+    def url_of(self, relative: str) -> str:
+        return f"{self.url}/{relative}"
+
+    def key(self, relative: str) -> str:
+        """The object path of ``relative``; PathError if SPEC 2.2 forbids the path."""
+        problem = path_problem(relative)
+        if problem:
+            raise PathError(Finding(code="path-unsafe", file=relative,
+                                    message=f"path is {problem}"))
+        special = _URL_SPECIAL.search(relative)
+        if special:
+            raise PathError(Finding(
+                code="path-unsafe", file=relative,
+                message=f"path has {special.group()!r}, which object-storage URLs give a "
+                "meaning (SPEC 2.4 rule 1: no %, ?, # or control characters)"))
+        return f"{self.prefix}/{relative}"
+
+    # --- metadata -------------------------------------------------------------------------
+
+    def version(self, relative: str) -> ObjectVersion:
+        """The object's size and version now (never a cached answer)."""
+        key = self.key(relative)
+        info = self._call(relative, None, lambda: self._fresh_info(key))
+        with self._traffic_lock:
+            self.traffic.stats += 1
+        if info.get("type") not in (None, "file"):
+            raise PathError(Finding(code="file-not-regular", file=relative,
+                                    message=f"{self.url_of(relative)} is not an object"))
+        size = info.get("size")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise StorageError(Finding(
+                code="storage-failed", file=relative,
+                message=f"the store reports no size for {self.url_of(relative)} "
+                f"({size!r}): its length cannot be checked (SPEC 9.1)"))
+        tag = tuple((name, str(info[name])) for name in _VERSION_FIELDS
+                    if info.get(name) not in (None, ""))
+        return ObjectVersion(size, tag)
+
+    def _fresh_info(self, key: str) -> dict[str, Any]:
+        self.fs.invalidate_cache(key)
+        return dict(self.fs.info(key))
+
+    def check_unchanged(self, relative: str, before: ObjectVersion) -> None:
+        """IntegrityError ``object-changed`` if the object is not the one read."""
+        after = self.version(relative)
+        if after != before:
+            raise IntegrityError(Finding(
+                code="object-changed", file=relative,
+                message=f"{self.url_of(relative)} changed while it was read "
+                f"({_describe(before)} before, {_describe(after)} after)",
+                hint="nobody may replace an object a manifest lists (SPEC 10.2); load again "
+                "once the writer has committed"))
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def read(self, relative: str, start: int, end: int) -> bytes:
+        """Bytes ``start..end`` of the object, exactly: a short answer is retried like any
+        transient failure."""
+        key = self.key(relative)
+        want = end - start
+        if want <= 0:
+            return b""
+
+        def once() -> bytes:
+            data = bytes(self.fs.cat_file(key, start=start, end=end))
+            if len(data) != want:
+                raise _ShortRead(f"the storage sent {len(data)} of {want} bytes (the object is "
+                                 "shorter than its record, or the connection broke)")
+            return data
+
+        data = self._call(relative, (start, end), once)
+        with self._traffic_lock:
+            self.traffic.reads += 1
+            self.traffic.bytes_read += len(data)
+        return data
+
+    def read_whole(self, relative: str, limit: int) -> bytes:
+        """The object's bytes with one request, or its first ``limit`` bytes when it is longer
+        (the caller refuses it then): one request is one version of the object."""
+        key = self.key(relative)
+        data = self._call(relative, None,
+                          lambda: bytes(self.fs.cat_file(key, start=0, end=limit)))
+        with self._traffic_lock:
+            self.traffic.reads += 1
+            self.traffic.bytes_read += len(data)
+        return data
+
+    def read_into(self, relative: str, start: int, views: Sequence[memoryview],
+                  stop: threading.Event | None = None) -> None:
+        """Fill ``views``, which follow each other in the object from ``start``, in requests
+        of at most :data:`REQUEST_BYTES`, several at once. Once ``stop`` is set (another file
+        of the load failed), requests not yet sent are not sent."""
+        jobs: list[tuple[int, memoryview]] = []
+        position = start
+        for view in views:
+            for offset in range(0, len(view), REQUEST_BYTES):
+                jobs.append((position + offset, view[offset : offset + REQUEST_BYTES]))
+            position += len(view)
+
+        def fill(job: tuple[int, memoryview]) -> None:
+            if stop is not None and stop.is_set():
+                raise Cancelled(relative)
+            at, view = job
+            view[:] = self.read(relative, at, at + len(view))
+
+        self.map(fill, jobs)
+
+    def stream(self, relative: str, start: int, end: int,
+               chunk: int = REQUEST_BYTES) -> Iterator[bytes]:
+        """Bytes ``start..end`` in order, chunk by chunk, the next chunks already requested."""
+        pool = self.pool()
+        ahead: list[Future[bytes]] = []
+        positions = iter(range(start, end, chunk))
+        try:
+            for position in positions:
+                ahead.append(pool.submit(self.read, relative, position, min(position + chunk, end)))
+                if len(ahead) >= STREAM_AHEAD:
+                    break
+            while ahead:
+                data = ahead.pop(0).result()
+                following = next(positions, None)
+                if following is not None:
+                    ahead.append(pool.submit(self.read, relative, following,
+                                             min(following + chunk, end)))
+                yield data
+        finally:
+            for future in ahead:
+                future.cancel()
+
+    def map(self, work: Callable[[T], None], items: Sequence[T]) -> None:
+        """``work`` on every item, :data:`REQUESTS_IN_FLIGHT` at once; the first error raised."""
+        if len(items) <= 1:
+            for item in items:
+                work(item)
+            return
+        futures = [self.pool().submit(work, item) for item in items]
+        try:
+            for future in futures:
+                future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+
+    def pool(self) -> ThreadPoolExecutor:
+        """The process's pool of request threads, shared by every root: the bound on requests
+        in flight. Work in it never submits to it again (no wait on a full pool)."""
+        global _POOL
+        with _POOL_LOCK:
+            if _POOL is None:
+                _POOL = ThreadPoolExecutor(REQUESTS_IN_FLIGHT,
+                                           thread_name_prefix="shardspec-remote")
+            return _POOL
+
+    # --- writes (SPEC 10.4) -----------------------------------------------------------------
+
+    def put_file(self, relative: str, source: str) -> None:
+        """Upload the local file ``source`` as the object ``relative`` (whole, or not at all:
+        an object store never shows a partial upload, so a failed upload is simply retried)."""
+        key = self.key(relative)
+        self._call(relative, None, lambda: self.fs.put_file(source, key))
+
+    def put_bytes(self, relative: str, data: bytes) -> None:
+        key = self.key(relative)
+        self._call(relative, None, lambda: self.fs.pipe_file(key, data))
+
+    def remove(self, relative: str) -> None:
+        """Delete the object if it exists."""
+        key = self.key(relative)
+
+        def remove() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(key)
+
+        self._call(relative, None, remove)
+
+    def names(self) -> list[str]:
+        """Relative names of the objects under the prefix (for a writer's clean-up only: a
+        reader never lists, SPEC 2.4)."""
+        def find() -> list[str]:
+            try:
+                return list(self.fs.find(self.prefix))
+            except FileNotFoundError:
+                return []
+
+        found = self._call(".", None, find)
+        start = len(self.prefix) + 1
+        return sorted(name[start:] for name in found if name.startswith(self.prefix + "/"))
+
+    # --- errors and retries -----------------------------------------------------------------
+
+    def _call(self, relative: str, byte_range: tuple[int, int] | None,
+              attempt: Callable[[], T]) -> T:
+        """Run ``attempt``, retrying what may pass on another try (a 5xx, throttling, a dropped
+        connection, a short body); missing objects and refused credentials are not retried.
+        Every storage failure becomes a finding naming the object."""
+        where = self.url_of(relative) if relative != "." else self.url
+        if byte_range is not None:
+            where += f" bytes {byte_range[0]}..{byte_range[1]}"
+        tries = RETRIES
+        for number in range(1, tries + 1):
+            try:
+                return attempt()
+            except (ShardspecError, Cancelled, *_BUGS):
+                raise
+            except FileNotFoundError:
+                raise PathError(Finding(code="file-missing", file=relative,
+                                        message=f"{where} does not exist")) from None
+            except PermissionError as exc:
+                raise StorageError(Finding(
+                    code="storage-denied", file=relative,
+                    message=f"the storage refused access to {where}: {_reason(exc)}",
+                    hint="check the credentials and permissions (fsspec storage_options, or "
+                    "FSSPEC_<PROTOCOL> settings in the environment)")) from None
+            except (IsADirectoryError, NotADirectoryError):
+                raise PathError(Finding(code="file-not-regular", file=relative,
+                                        message=f"{where} is not an object")) from None
+            except Exception as exc:  # noqa: BLE001 - client libraries raise their own types
+                if _is_credentials_problem(exc):
+                    raise StorageError(Finding(
+                        code="storage-denied", file=relative,
+                        message=f"no usable credentials for {where}: {_reason(exc)}",
+                        hint="give credentials (fsspec storage_options, the environment, or "
+                        "the store's config files), or anon=True for a public bucket")
+                    ) from None
+                if not _is_transient(exc) or number == tries:
+                    attempts = f" after {number} attempts" if number > 1 else ""
+                    raise StorageError(Finding(
+                        code="storage-failed", file=relative,
+                        message=f"reading or writing {where} failed{attempts}: "
+                        f"{type(exc).__name__}: {_reason(exc)}")) from None
+            time.sleep(RETRY_WAIT * 2 ** (number - 1))
+        raise AssertionError("unreachable")
+
+
+
+class _ShortRead(Exception):
+    """The storage answered a ranged request with fewer bytes than asked."""
+
+
+class Cancelled(Exception):
+    """A request not sent because the operation it belonged to had already failed."""
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _is_credentials_problem(exc: BaseException) -> bool:
+    return any(type(e).__name__ in _CREDENTIAL_ERRORS for e in _causes(exc))
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """The store's or the network's failure (a 5xx, throttling, a broken connection, a short
+    body), which another try may not meet; not a request the client refused to make."""
+    if isinstance(exc, (_ShortRead, OSError, TimeoutError)):
+        return True
+    return any(type(e).__module__.split(".")[0] in _CLIENT_MODULES
+               and not isinstance(e, ValueError) for e in _causes(exc))
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text if len(text) < 300 else text[:300] + "…"
+
+
+def _describe(version: ObjectVersion) -> str:
+    tag = ", ".join(f"{name} {value}" for name, value in version.tag)
+    return f"{version.size} bytes" + (f", {tag}" if tag else "")

@@ -38,8 +38,8 @@ CONFORMANCE = REPO / "conformance"
 VECTORS = CONFORMANCE / "vectors"
 sys.path.insert(0, str(CONFORMANCE))
 
-from vectorgen.raw import st_tensors  # noqa: E402
 from materialize import materialize  # noqa: E402
+from vectorgen.raw import st_tensors  # noqa: E402
 
 #: Error codes about the caller's request (a rank, a device, a quantization, a target layout),
 #: not the checkpoint: no vector can trigger them.

@@ -124,8 +124,9 @@ def test_every_api_page_directive_names_an_importable_object() -> None:
 
 
 def test_the_command_line_entry_point_is_shardspec_cli_main() -> None:
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml")
                             .read_text(encoding="utf-8"))

@@ -87,8 +87,9 @@ class Checkpoint:
         """Load ``rank``'s tensors onto ``device``, reading only that rank's files.
 
         ``device`` None means ``cuda:<LOCAL_RANK>`` where CUDA is available, else ``cpu``.
-        ``verify`` checks every file's sha256 while reading. ``expect_quantization`` (a method
-        name, ``"none"`` for unquantized) refuses a checkpoint quantized otherwise (SPEC 8.3).
+        ``verify`` checks every digest each file's record lists (SPEC 9.2) while reading.
+        ``expect_quantization`` (a method name, ``"none"`` for unquantized) refuses a checkpoint
+        quantized otherwise (SPEC 8.3).
         Aliases come back as the same tensor as their target.
 
         ``layout`` other than the checkpoint's reshards on load (SPEC 11.3): ``rank`` is a rank
@@ -115,8 +116,11 @@ class Checkpoint:
                 f"not {str(target)!r}"))
         if layout is not None and layout != self.layout:
             if mmap:
-                raise ValueError("mmap=True cannot be combined with resharding (layout=...): "
-                                 "a resharded piece is gathered into new memory")
+                raise RequestError(Finding(
+                    code="reshard-unsupported",
+                    message="mmap=True cannot be combined with resharding (layout=...): a "
+                    "resharded piece is gathered into new memory",
+                    hint="load with mmap=False, or reshard to a new directory first"))
             self._check_quantization(expect_quantization)
             return load_resharded(self.path, self.manifest, rank, layout, target, verify=verify)
         plan = self.plan(rank)

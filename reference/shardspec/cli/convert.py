@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
+from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,7 +28,7 @@ from rich.progress import (
 from ..convert.hf import HFError
 from ..convert.tp_plan import PlanError, load_plan_file
 from ..format.errors import ShardspecError
-from ..format.limits import DEFAULT_MAX_FILE_SIZE
+from ..format.limits import DEFAULT_MAX_FILE_SIZE, MAX_SIZE
 from .app import (
     app,
     cannot_run,
@@ -50,9 +51,12 @@ def parse_size(text: str) -> int:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*", text.lower())
     if not match:
         raise typer.BadParameter(f"{text!r} is not a size such as 5GB, 500MiB or 1000000")
-    value = int(float(match[1]) * _UNITS[match[2] or ""])
+    # Exactly, in rationals: a float turns 400 digits into infinity (and 0.1GB into 99999999).
+    value = int(Fraction(match[1]) * _UNITS[match[2] or ""])
     if value < 1:
         raise typer.BadParameter("a size must be at least 1 byte")
+    if value > MAX_SIZE:
+        raise typer.BadParameter(f"{text!r} is not a size below 2^63 bytes (SPEC 12)")
     return value
 
 

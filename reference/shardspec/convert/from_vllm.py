@@ -7,8 +7,10 @@ checksummed and nothing is rewritten or copied.
 
 from __future__ import annotations
 
+import io
 import os
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,11 +29,12 @@ from ..format.manifest import (
     TensorRecord,
     format_version,
 )
+from ..format.safetensors_header import read_header
 from ..format.schema import schema_findings
 from ..storage.commit import commit_manifest, uncommit
-from ..storage.paths import resolve_inside
+from ..storage.paths import open_inside
 from .directories import SKIPPED_DIRS, WEIGHT_SUFFIXES, Progress, local_dir
-from .hf import HFError, scan_safetensors
+from .hf import HFError
 
 __all__ = ["Imported", "import_vllm"]
 
@@ -85,38 +88,53 @@ def import_vllm(
         raise HFError(f"{root} holds no model-rank-{{rank}}-part-{{part}}.safetensors files")
     world = len(files)
     if sorted(files) != list(range(world)):
-        missing = sorted(set(range(max(files) + 1)) - set(files))
-        raise HFError(f"ranks {missing} have no files: ranks must be 0..{max(files)} without "
-                      "gaps")
+        raise HFError(f"ranks {_missing(files)} have no files: ranks must be 0..{world - 1} "
+                      f"without gaps ({world} ranks have files, the highest is {max(files)})")
     for rank, parts in files.items():
         if sorted(parts) != list(range(len(parts))):
-            missing = sorted(set(range(max(parts) + 1)) - set(parts))
-            raise HFError(f"rank {rank} lacks parts {missing}: parts must count from 0 without "
-                          "gaps")
+            raise HFError(f"rank {rank} lacks parts {_missing(parts)}: parts must count from 0 "
+                          "without gaps")
     layout = Layout(tp_size=world)
-    total = sum((root / name).stat().st_size for parts in files.values()
-                for name in parts.values())
-    advance = None if progress is None else (lambda n: progress(n, total))
+    # Each data file is opened once, inside the directory, as a regular file (no FIFO to hang
+    # on, no link out of it), and its header and digests are read from that one descriptor.
+    opened: dict[str, tuple[io.FileIO, int]] = {}
     ranks: list[RankRecord] = []
     pieces: dict[str, list[Piece]] = {}
     dtypes: dict[str, str] = {}
-    for rank in range(world):
-        records = []
-        for part in range(len(files[rank])):
-            name = files[rank][part]
-            for tensor, src in scan_safetensors(root / name).items():
-                dtype = dtypes.setdefault(tensor, src.dtype.name)
-                if dtype != src.dtype.name:
-                    raise HFError(f"tensor {tensor!r} is {dtype} on one rank and "
-                                  f"{src.dtype.name} in {name}")
-                if any(p.rank == rank for p in pieces.get(tensor, ())):
-                    raise HFError(f"rank {rank} holds tensor {tensor!r} twice (in {name} too)")
-                pieces.setdefault(tensor, []).append(Piece(rank=rank, file=name,
-                                                           shape=src.shape))
-            with (root / name).open("rb") as handle:
+    try:
+        for parts in files.values():
+            for name in parts.values():
+                opened[name] = _open_data_file(root, name)
+        total = sum(size for _, size in opened.values())
+        advance = None if progress is None else (lambda n: progress(n, total))
+        for rank in range(world):
+            records = []
+            for part in range(len(files[rank])):
+                name = files[rank][part]
+                handle, size = opened[name]
+                try:
+                    header = read_header(handle, size, name)
+                except ShardspecError as exc:
+                    raise HFError(f"{name}: not a valid safetensors file: {exc}") from None
+                for entry in sorted(header.entries.values(),
+                                    key=lambda e: (e.begin, e.end, e.name)):
+                    tensor = entry.name
+                    dtype = dtypes.setdefault(tensor, entry.dtype.name)
+                    if dtype != entry.dtype.name:
+                        raise HFError(f"tensor {tensor!r} is {dtype} on one rank and "
+                                      f"{entry.dtype.name} in {name}")
+                    if any(p.rank == rank for p in pieces.get(tensor, ())):
+                        raise HFError(f"rank {rank} holds tensor {tensor!r} twice (in {name} "
+                                      "too)")
+                    pieces.setdefault(tensor, []).append(Piece(rank=rank, file=name,
+                                                               shape=entry.shape))
+                handle.seek(0)
                 digests, size = digest_stream(handle, progress=advance)
-            records.append(FileRecord(path=name, size=size, checksums=digests))
-        ranks.append(RankRecord(rank=rank, **layout.coordinates(rank), files=tuple(records)))
+                records.append(FileRecord(path=name, size=size, checksums=digests))
+            ranks.append(RankRecord(rank=rank, **layout.coordinates(rank), files=tuple(records)))
+    finally:
+        for handle, _ in opened.values():
+            handle.close()
     extras, skipped = _vllm_extras(root, {n for parts in files.values() for n in parts.values()})
     manifest = Manifest(
         format_version=format_version(), layout=layout, ranks=tuple(ranks),
@@ -131,6 +149,20 @@ def import_vllm(
     uncommit(root)
     commit_manifest(root, manifest.to_json())
     return Imported(manifest, skipped)
+
+
+def _missing(numbers: Collection[int], shown: int = 10) -> str:
+    """The first numbers missing from 0..len(numbers)-1: bounded, whatever the largest one."""
+    missing = [n for n in range(len(numbers)) if n not in numbers]
+    more = f" and {len(missing) - shown} more" if len(missing) > shown else ""
+    return f"{missing[:shown]}{more}"
+
+
+def _open_data_file(root: Path, name: str) -> tuple[io.FileIO, int]:
+    try:
+        return open_inside(root, name)
+    except ShardspecError as exc:
+        raise HFError(f"{root / name}: {exc.finding.message}") from None
 
 
 def _vllm_extras(root: Path, data_files: set[str]) -> tuple[list[FileRecord], dict[str, str]]:
@@ -157,15 +189,16 @@ def _vllm_extras(root: Path, data_files: set[str]) -> tuple[list[FileRecord], di
                 skipped[rel] = "weight file of another format"
                 continue
             problem = path_problem(rel)
+            handle = None
             if not problem:
-                try:
-                    resolve_inside(root, rel)
+                try:  # inside the directory and a regular file, or skipped
+                    handle, _ = open_inside(root, rel)
                 except ShardspecError as exc:
                     problem = exc.finding.message
-            if problem or not (Path(folder) / name).is_file():
+            if handle is None:
                 skipped[rel] = problem or "not a regular file"
                 continue
-            with (Path(folder) / name).open("rb") as handle:
+            with handle:
                 digests, size = digest_stream(handle)
             extras.append(FileRecord(path=rel, size=size, checksums=digests))
     return extras, skipped

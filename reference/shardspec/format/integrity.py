@@ -6,10 +6,13 @@ import contextlib
 import hashlib
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-__all__ = ["ALGORITHMS", "Readable", "digest_stream"]
+from .errors import Finding, IntegrityError
+
+__all__ = ["ALGORITHMS", "Digests", "Readable", "check_digests", "digest_stream",
+           "known_algorithms"]
 
 
 class Readable(Protocol):
@@ -24,6 +27,38 @@ ALGORITHMS: dict[str, Callable[[], Any]] = {
     "sha256": hashlib.sha256,
     "blake2b": hashlib.blake2b,
 }
+
+def known_algorithms(checksums: Mapping[str, str]) -> tuple[str, ...]:
+    """SPEC 9.2 rule 5: what verifying a file computes: every listed algorithm known here."""
+    return tuple(name for name in ALGORITHMS if name in checksums)
+
+
+class Digests:
+    """The digests of one file's bytes, fed in order: each algorithm its record lists that this
+    implementation knows (sha256 always), so a reader checks what the validator checks."""
+
+    def __init__(self, checksums: Mapping[str, str]) -> None:
+        self.hashers = {name: ALGORITHMS[name]() for name in known_algorithms(checksums)}
+
+    def update(self, data: Any) -> None:
+        for hasher in self.hashers.values():
+            hasher.update(data)
+
+    def hexdigests(self) -> dict[str, str]:
+        return {name: hasher.hexdigest() for name, hasher in self.hashers.items()}
+
+
+def check_digests(path: str, checksums: Mapping[str, str], actual: Mapping[str, str],
+                  what: str = "file") -> None:
+    """IntegrityError ``checksum-mismatch`` unless every digest in ``actual`` is the listed one."""
+    wrong = [name for name, digest in actual.items() if checksums.get(name) != digest]
+    if wrong:
+        verb = "differs" if len(wrong) == 1 else "differ"
+        raise IntegrityError(Finding(
+            code="checksum-mismatch", file=path,
+            message=f"the {what}'s {' and '.join(wrong)} {verb} from the manifest's: it is "
+            "corrupt or was changed"))
+
 
 #: Two buffers of this size: one being read into, one being hashed (16 MiB in all).
 _CHUNK = 8 * 1024 * 1024

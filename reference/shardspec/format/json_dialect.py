@@ -52,11 +52,16 @@ def _reject_constant(name: str) -> Any:
 _BINARY64_LIMIT = 2**1024
 
 
+#: Digits of 2**1024; JSON has no leading zeros, so a token with more is past it, and is refused
+#: without converting it (Python refuses to convert integers of over 4300 digits at all).
+_BINARY64_LIMIT_DIGITS = len(str(_BINARY64_LIMIT))
+
+
 def _finite_int(text: str) -> int:
     if len(text) > 300:  # 2**1024 has 309 digits: only long tokens need the comparison
-        value = int(text)
-        if abs(value) >= _BINARY64_LIMIT:
-            raise JSONProblem("nonfinite", f"the integer of {len(text.lstrip('-'))} digits is "
+        digits = len(text.lstrip("-"))
+        if digits > _BINARY64_LIMIT_DIGITS or abs(value := int(text)) >= _BINARY64_LIMIT:
+            raise JSONProblem("nonfinite", f"the integer of {digits} digits is "
                               "too large for an IEEE 754 binary64 (I-JSON)")
         return value
     return int(text)

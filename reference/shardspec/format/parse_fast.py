@@ -39,7 +39,8 @@ def fast_manifest(data: bytes) -> Manifest | None:
     if decoded is None:
         return None
     raw, members = decoded
-    if not isinstance(raw, dict) or raw.get("format_version") not in _VERSIONS:
+    version = raw.get("format_version") if isinstance(raw, dict) else None
+    if not isinstance(version, str) or version not in _VERSIONS:  # [] is not hashable
         return None
     # True only with each piece's file listed for its rank: is_sound checks that (file-rank).
     if not is_valid_if_piece_files_listed(raw):

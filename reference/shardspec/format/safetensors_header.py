@@ -53,14 +53,19 @@ def _fail(file: str, code: str, message: str, tensor: str | None = None) -> Safe
     return SafetensorsError(Finding(code=code, file=file, tensor=tensor, message=message))
 
 
-def _read_exact(handle: Readable, count: int) -> bytes:
+def _read_exact(handle: Readable, count: int, file: str) -> bytes:
+    """Up to ``count`` bytes (fewer only at the end of the file); a failed read is a finding."""
     chunks = []
-    while count:
-        chunk = handle.read(count)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        count -= len(chunk)
+    try:
+        while count:
+            chunk = handle.read(count)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            count -= len(chunk)
+    except OSError as exc:
+        raise _fail(file, "st-header-length", f"the header cannot be read: {exc.strerror or exc}"
+                    ) from None
     return b"".join(chunks)
 
 
@@ -69,14 +74,18 @@ def read_header(handle: Readable, file_size: int, file: str) -> Header:
     if file_size < 8:
         raise _fail(file, "st-header-length", f"the file has {file_size} bytes, fewer than the "
                     "8-byte header length")
-    (length,) = struct.unpack("<Q", _read_exact(handle, 8))
+    prefix = _read_exact(handle, 8, file)
+    if len(prefix) != 8:  # the size was taken before: the file shrank since
+        raise _fail(file, "st-header-length", "the file ended inside its 8-byte header length: "
+                    "it changed while it was read")
+    (length,) = struct.unpack("<Q", prefix)
     if length > MAX_SAFETENSORS_HEADER_BYTES:
         raise _fail(file, "st-header-length", f"header length {length} is over the limit of "
                     f"{MAX_SAFETENSORS_HEADER_BYTES}")
     if 8 + length > file_size:
         raise _fail(file, "st-header-length", f"header length {length} runs past the end of "
                     f"the {file_size}-byte file")
-    text = _read_exact(handle, length)
+    text = _read_exact(handle, length, file)
     if len(text) != length:
         raise _fail(file, "st-header-length", "the file ended inside its header")
     body = text.rstrip(b" ")  # SPEC 6.3: only spaces may pad the header

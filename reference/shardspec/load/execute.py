@@ -14,7 +14,6 @@ Each data file's data region becomes one buffer and its tensors are views of it:
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import torch
 
 from ..format.dtypes import torch_layout
 from ..format.errors import Finding, IntegrityError, SafetensorsError
-from ..format.integrity import Readable
+from ..format.integrity import Digests, Readable, check_digests
 from ..format.safetensors_header import Entry, read_header
 from ..storage.paths import open_inside
 from ..storage.remote import RemoteRoot
@@ -87,10 +86,12 @@ def _load_file(
                 message=f"the file has {size} bytes, the manifest says {record.size}"))
         header = read_header(handle, size, record.path)
         plan.check_header(header)
-        digest = hashlib.sha256(header.header_bytes) if verify else None
+        digest = Digests(record.checksums) if verify else None
+        if digest is not None:
+            digest.update(header.header_bytes)
         count = size - header.data_start
         if mmap:
-            data = map_file(handle, size)[header.data_start:]
+            data = map_file(handle, size, record.path)[header.data_start:]
             if digest is not None:
                 digest.update(memoryview(data.numpy()))  # type: ignore[arg-type]
         elif engine is not None:
@@ -99,10 +100,8 @@ def _load_file(
                                readers=STAGING_READERS)
         else:
             data = _read_into(handle, fresh_buffer(count), record.path, digest)
-    if digest is not None and digest.hexdigest() != record.checksums["sha256"]:
-        raise IntegrityError(Finding(
-            code="checksum-mismatch", file=record.path,
-            message="the file's sha256 differs from the manifest's: it is corrupt or was changed"))
+    if digest is not None:
+        check_digests(record.path, record.checksums, digest.hexdigests())
     return {name: _view(data, entry, device) for name, entry in header.entries.items()}
 
 
@@ -113,7 +112,11 @@ def _read_into(
     view = memoryview(buffer.numpy())  # type: ignore[arg-type]
     position, total = 0, len(view)
     while position < total:
-        got = handle.readinto(view[position : position + CHUNK_BYTES])
+        try:
+            got = handle.readinto(view[position : position + CHUNK_BYTES])
+        except OSError as exc:
+            raise SafetensorsError(Finding(code="st-offsets", file=path,
+                                           message=f"the file cannot be read: {exc}")) from None
         if not got:
             raise SafetensorsError(Finding(code="st-offsets", file=path,
                                            message="the file ended early: it changed while read"))

@@ -21,6 +21,8 @@ from contextlib import suppress
 
 import torch
 
+from ..format.errors import Finding, SafetensorsError
+
 __all__ = ["HUGE_PAGE_BYTES", "USE_HUGE_PAGES", "fresh_buffer", "map_file"]
 
 #: Below this, a buffer is ordinary allocator memory: huge pages cannot help a smaller one.
@@ -52,12 +54,17 @@ def fresh_buffer(nbytes: int) -> torch.Tensor:
     return torch.frombuffer(mapping, dtype=torch.uint8)
 
 
-def map_file(handle: io.FileIO, size: int) -> torch.Tensor:
+def map_file(handle: io.FileIO, size: int, path: str) -> torch.Tensor:
     """The whole open file as a copy-on-write uint8 tensor: no byte is read until touched.
 
     Writes to the tensor (or views of it) go to private pages and never reach the file. The
     mapping is made from the descriptor the caller already opened and checked, not from the
     path, so a file swapped in after the checks cannot be mapped instead.
     """
-    mapping = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_COPY)  # MAP_PRIVATE
+    try:
+        mapping = mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_COPY)  # MAP_PRIVATE
+    except (ValueError, OSError) as exc:  # the file shrank after its size was taken
+        raise SafetensorsError(Finding(
+            code="st-offsets", file=path,
+            message=f"the file cannot be mapped ({exc}): it changed while it was read")) from None
     return torch.frombuffer(mapping, dtype=torch.uint8)

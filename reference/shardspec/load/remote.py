@@ -9,14 +9,13 @@ is taken again: an object replaced while it was read is an error, not torn tenso
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ..format.errors import Finding, IntegrityError
+from ..format.integrity import Digests, check_digests
 from ..format.safetensors_header import Header
 from ..storage.remote import RemoteRoot
 from ..storage.remote_files import FILES_IN_FLIGHT, open_object
@@ -43,13 +42,10 @@ def read_remote_file(
     view[:have] = prefix[header.data_start:]
     root.read_into(record.path, len(prefix), [view[have:]], stop)
     if verify:
-        digest = hashlib.sha256(header.header_bytes)
+        digest = Digests(record.checksums)
+        digest.update(header.header_bytes)
         digest.update(view)
-        if digest.hexdigest() != record.checksums["sha256"]:
-            raise IntegrityError(Finding(
-                code="checksum-mismatch", file=record.path,
-                message="the object's sha256 differs from the manifest's: it is corrupt or "
-                "was changed"))
+        check_digests(record.path, record.checksums, digest.hexdigests(), "object")
     root.check_unchanged(record.path, before)
     return header, buffer
 

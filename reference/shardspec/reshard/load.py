@@ -17,7 +17,7 @@ import torch
 
 from ..format.dtypes import DTYPES, torch_layout
 from ..format.errors import Finding, IntegrityError
-from ..format.integrity import Readable, digest_stream
+from ..format.integrity import Readable, check_digests, digest_stream, known_algorithms
 from ..format.manifest import FileRecord, Layout, Manifest
 from ..format.safetensors_header import read_header
 from ..load.host_memory import fresh_buffer
@@ -223,10 +223,6 @@ def _read_remote_file(
 
 def _verify(readable: Readable, record: FileRecord, stats: ReadStats) -> None:
     """Hash everything left in ``readable`` (a whole file): 9.2 digests cover whole files."""
-    digests, count = digest_stream(readable)
+    digests, count = digest_stream(readable, known_algorithms(record.checksums))
     stats.verify_bytes += count
-    if digests["sha256"] != record.checksums["sha256"]:
-        raise IntegrityError(Finding(
-            code="checksum-mismatch", file=record.path,
-            message="the file's sha256 differs from the manifest's: it is corrupt or was "
-            "changed"))
+    check_digests(record.path, record.checksums, digests)

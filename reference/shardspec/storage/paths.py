@@ -6,6 +6,7 @@ inside the checkpoint, and opened without following a last-moment symlink or blo
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import stat
@@ -36,20 +37,33 @@ def resolve_inside(root: Path, relative: str) -> Path:
 
 
 def open_inside(root: Path, relative: str) -> tuple[io.FileIO, int]:
-    """Open a regular file of the checkpoint for reading; return it and its size."""
+    """Open a regular file of the checkpoint for reading; return it and its size.
+
+    The path is resolved and checked first (:func:`resolve_inside`); then the resolved path,
+    which had no symlink in it, is opened one component at a time from a descriptor of the
+    checkpoint directory, each with ``O_NOFOLLOW``: a directory or file swapped for a symlink
+    after the check is refused (``path-escapes``), never followed out of the checkpoint, and a
+    FIFO swapped in cannot block the open (``O_NONBLOCK``).
+    """
     real = resolve_inside(root, relative)
     not_regular = PathError(Finding(code="file-not-regular", file=relative,
                                     message="is not a regular file (device, FIFO, socket or "
                                     "directory)"))
+    real_root = Path(os.path.realpath(root))
+    parts = real.relative_to(real_root).parts
+    if not parts:  # the checkpoint directory itself
+        raise not_regular
     try:
-        if not stat.S_ISREG(os.stat(real).st_mode):
-            raise not_regular
-        # O_NONBLOCK: a FIFO swapped in after the check cannot block us; O_NOFOLLOW: nor can a
-        # symlink swapped in after resolving.
-        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        fd = _open_beneath(real_root, parts)
     except PathError:
         raise
     except OSError as exc:
+        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink the check did not see
+            raise PathError(Finding(
+                code="path-escapes", file=relative,
+                message="a symlink appeared in the path after it was checked")) from None
+        if exc.errno in (errno.ENOTDIR, errno.EISDIR):
+            raise not_regular from None
         raise PathError(Finding(code="file-missing", file=relative,
                                 message=f"cannot be opened: {exc.strerror}")) from None
     info = os.fstat(fd)
@@ -58,3 +72,28 @@ def open_inside(root: Path, relative: str) -> tuple[io.FileIO, int]:
         raise not_regular
     os.set_blocking(fd, True)
     return io.FileIO(fd, "rb", closefd=True), info.st_size
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+
+
+def _open_beneath(real_root: Path, parts: tuple[str, ...]) -> int:
+    """A descriptor of ``real_root/parts...``, each component opened relative to the one
+    before it without following a symlink (``openat`` with ``O_NOFOLLOW``)."""
+    if os.open not in os.supports_dir_fd or not _NOFOLLOW:  # no openat: the path, as before
+        return os.open(real_root.joinpath(*parts), os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+    directory = os.open(real_root, os.O_RDONLY | _DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            try:
+                child = os.open(part, os.O_RDONLY | _DIRECTORY | _NOFOLLOW, dir_fd=directory)
+            except NotADirectoryError:  # Linux says so of a symlink opened this way
+                if stat.S_ISLNK(os.stat(part, dir_fd=directory, follow_symlinks=False).st_mode):
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP)) from None
+                raise
+            os.close(directory)
+            directory = child
+        return os.open(parts[-1], os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW, dir_fd=directory)
+    finally:
+        os.close(directory)

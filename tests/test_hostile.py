@@ -1,0 +1,404 @@
+"""Hostile input, round two (issue 20): each way the reader and the CLI broke, as a test.
+
+Every test here failed before its fix: a crash (a plain Python exception, or "internal error"
+on the command line), a wrong code, a hang, a file outside the checkpoint read, or a digest
+left unchecked. Time and memory bounds on large adversarial manifests are benchmarks
+(benchmarks/bench_hostile.py), not tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import shardspec
+from conftest import (
+    assert_same_tensor,
+    make_tiny,
+    manifest_bytes,
+    rewrite_manifest,
+    tp_states,
+)
+from shardspec.cli import app
+from shardspec.convert import import_vllm
+from shardspec.convert.hf import HFError
+from shardspec.format.errors import ShardspecError
+from shardspec.format.parse import parse_manifest
+from shardspec.storage import paths
+
+runner = CliRunner()
+
+
+def codes(data: bytes) -> list[str]:
+    return [f.code for f in parse_manifest(data).findings]
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    return result.exit_code, result.stdout + result.stderr
+
+
+# --- 1. a non-string format_version ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [[], {}, [1, 2], {"a": 1}])
+def test_a_format_version_that_is_not_a_string_is_schema(
+        manifest_dict: dict[str, Any], version: Any, tmp_path: Path) -> None:
+    """SPEC 4.2 rule 1: a malformed version is left to the schema: `schema`, never a crash."""
+    assert set(codes(json.dumps({"format_version": version}).encode())) == {"schema"}
+    manifest_dict["format_version"] = version
+    assert "schema" in codes(manifest_bytes(manifest_dict))
+    tiny = make_tiny(tmp_path / "ck")
+    rewrite_manifest(tiny.path, lambda d: d.update(format_version=version))
+    with pytest.raises(ShardspecError) as caught:
+        shardspec.open(tiny.path)
+    assert caught.value.code == "schema"
+    assert {f.code for f in shardspec.validate(tiny.path).errors} == {"schema"}
+    for command in (["validate"], ["inspect"], ["files", "--rank", "0"]):
+        code, text = cli(*command, str(tiny.path))
+        assert code == 1 and "schema" in text and "internal error" not in text, text
+
+
+# --- 8. integers of over 4300 digits -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("digits", [309, 4300, 4301, 20_000])
+def test_an_integer_past_binary64_is_nonfinite_however_long(
+        manifest_dict: dict[str, Any], digits: int) -> None:
+    """SPEC 3.3 rule 2: json-nonfinite for any integer of 2^1024 or more (309 digits of 9s
+    are past it), without Python's int_max_str_digits message."""
+    manifest_dict["quantization"] = {"method": "gptq", "config": {"x": "@@"}}
+    data = manifest_bytes(manifest_dict).replace(b'"@@"', b"9" * digits)
+    findings = parse_manifest(data).findings
+    assert [f.code for f in findings] == ["json-nonfinite"]
+    assert "int_max_str_digits" not in findings[0].message
+    assert f"{digits} digits" in findings[0].message
+
+
+# --- 3. every listed digest is checked on load -------------------------------------------------
+
+
+def _wrong_blake2b(root: Path, path: str) -> None:
+    """List a blake2b digest for ``path`` that is not its own; sha256 stays right."""
+    def edit(data: dict[str, Any]) -> None:
+        for rank in data["ranks"]:
+            for record in rank["files"]:
+                if record["path"] == path:
+                    record["checksums"]["blake2b"] = hashlib.blake2b(b"other").hexdigest()
+    rewrite_manifest(root, edit)
+
+
+def _right_blake2b(root: Path) -> None:
+    def edit(data: dict[str, Any]) -> None:
+        for rank in data["ranks"]:
+            for record in rank["files"]:
+                digest = hashlib.blake2b((root / record["path"]).read_bytes()).hexdigest()
+                record["checksums"]["blake2b"] = digest
+    rewrite_manifest(root, edit)
+
+
+def _load_modes(root: Path | str) -> list[tuple[str, Any]]:
+    checkpoint = shardspec.open(root)
+    resharded = shardspec.Layout(tp_size=1)
+    modes: list[tuple[str, Any]] = [
+        ("copy", lambda: checkpoint.load_rank(0, "cpu", verify=True)),
+        ("reshard", lambda: checkpoint.load_rank(0, "cpu", verify=True, layout=resharded)),
+    ]
+    if not checkpoint.is_remote:
+        modes.append(("mmap", lambda: checkpoint.load_rank(0, "cpu", verify=True, mmap=True)))
+    return modes
+
+
+def global_checkpoint(path: Path) -> tuple[shardspec.Manifest, dict[int, dict[str, Any]]]:
+    """A TP=2 checkpoint of global tensors only (resharding refuses rank-local ones)."""
+    gen = torch.Generator().manual_seed(3)
+    states, sharding = tp_states({
+        "col.weight": (torch.randn(8, 4, generator=gen), 0),
+        "row.weight": (torch.randn(4, 6, generator=gen), 1),
+        "norm.weight": (torch.randn(4, generator=gen), None),
+    }, 2)
+    manifest = shardspec.save(states, path, layout=shardspec.Layout(tp_size=2),
+                              sharding=sharding)
+    return manifest, states
+
+
+def test_load_rank_verify_checks_blake2b_in_every_mode(tmp_path: Path) -> None:
+    """SPEC 9.2 rule 5: a right sha256 and a wrong blake2b is checksum-mismatch, as validate
+    says, in the copy, mmap and resharding reads (object storage: the next test)."""
+    root = tmp_path / "ck"
+    manifest, _ = global_checkpoint(root)
+    _right_blake2b(root)
+    for mode, load in _load_modes(root):  # both digests right: loads
+        assert load(), mode
+    first = manifest.ranks[0].files[0].path
+    _wrong_blake2b(root, first)
+    assert [f.code for f in shardspec.validate(root, checksums=True).errors] == [
+        "checksum-mismatch"]
+    for mode, load in _load_modes(root):
+        with pytest.raises(ShardspecError) as caught:
+            load()
+        assert caught.value.code == "checksum-mismatch", mode
+        assert "blake2b" in caught.value.finding.message and first == caught.value.finding.file
+
+
+def test_load_rank_verify_checks_blake2b_in_object_storage(tmp_path: Path) -> None:
+    fsspec = pytest.importorskip("fsspec")
+    root = tmp_path / "ck"
+    manifest, _ = global_checkpoint(root)
+    first = manifest.ranks[0].files[0].path
+    _wrong_blake2b(root, first)
+    url = f"memory://shardspec-hostile-{os.getpid()}"
+    fs, prefix = fsspec.core.url_to_fs(url)
+    try:
+        for path in sorted(root.rglob("*")):
+            if path.is_file():
+                fs.pipe_file(f"{prefix}/{path.relative_to(root).as_posix()}",
+                             path.read_bytes())
+        for mode, load in _load_modes(url):
+            with pytest.raises(ShardspecError) as caught:
+                load()
+            assert caught.value.code == "checksum-mismatch", mode
+            assert "blake2b" in caught.value.finding.message
+    finally:
+        fs.rm(prefix, recursive=True)
+
+
+# --- 9. import-vllm on a hostile directory -----------------------------------------------------
+
+
+def _vllm_dir(root: Path) -> Path:
+    from safetensors.torch import save_file
+    root.mkdir()
+    for rank in range(2):
+        save_file({"w": torch.full((2, 2), float(rank))},
+                  str(root / f"model-rank-{rank}-part-0.safetensors"))
+    return root
+
+
+def test_import_vllm_refuses_a_fifo_without_hanging(tmp_path: Path) -> None:
+    """A FIFO named like a data file is refused at once (run in a child, so a hang is a
+    timeout, not a stuck test run)."""
+    root = _vllm_dir(tmp_path / "vllm")
+    (root / "model-rank-1-part-0.safetensors").unlink()
+    os.mkfifo(root / "model-rank-1-part-0.safetensors")
+    code = ("import sys; from shardspec.convert import import_vllm\n"
+            "from shardspec.convert.hf import HFError\n"
+            "try:\n    import_vllm(sys.argv[1])\n"
+            "except HFError as exc:\n    print('refused:', exc)\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(shardspec.__file__).parents[1])}
+    done = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert "refused:" in done.stdout and "not a regular file" in done.stdout, done
+    assert not (root / "shardspec.json").exists()
+
+
+def test_import_vllm_does_not_read_a_file_through_a_link_out(tmp_path: Path) -> None:
+    root = _vllm_dir(tmp_path / "vllm")
+    outside = tmp_path / "outside.safetensors"
+    shutil.move(root / "model-rank-1-part-0.safetensors", outside)
+    (root / "model-rank-1-part-0.safetensors").symlink_to(outside)
+    with pytest.raises(HFError, match="outside the checkpoint"):
+        import_vllm(root)
+    assert not (root / "shardspec.json").exists()
+
+
+def test_import_vllm_a_huge_rank_number_costs_nothing(tmp_path: Path) -> None:
+    """A gap up to rank 10^8 is reported in bounded memory (it built set(range(10^8 + 1)))."""
+    root = _vllm_dir(tmp_path / "vllm")
+    shutil.copy(root / "model-rank-1-part-0.safetensors",
+                root / "model-rank-100000000-part-0.safetensors")
+    tracemalloc.start()
+    try:
+        with pytest.raises(HFError, match=r"ranks \[2\] have no files"):
+            import_vllm(root)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20 * 2**20, peak
+
+
+# --- 10. numeric arguments the CLI cannot use --------------------------------------------------
+
+
+@pytest.mark.parametrize("size", ["9" * 400, "9" * 400 + ".5GB", "9223372036854775808",
+                                  "1e5", "-1", "0"])
+def test_sizes_out_of_range_are_bad_arguments(tmp_path: Path, size: str) -> None:
+    tiny = make_tiny(tmp_path / "ck")
+    for args in (["convert", str(tmp_path / "no-hf"), str(tmp_path / "out"), "--tp", "1",
+                  "--max-file-size", size],
+                 ["merge", str(tiny.path), str(tmp_path / "merged"), "--max-shard-size", size]):
+        code, text = cli(*args)
+        assert code == 2 and "internal error" not in text, text
+        assert "size" in text
+    assert not (tmp_path / "out").exists() and not (tmp_path / "merged").exists()
+
+
+def test_exact_sizes(tmp_path: Path) -> None:
+    from shardspec.cli.convert import parse_size
+    assert parse_size("0.1GB") == 10**8 and parse_size("1.5KiB") == 1536
+    assert parse_size("9223372036854775807") == 2**63 - 1
+
+
+# --- 11. a file truncated after its size was taken ---------------------------------------------
+
+
+def _truncate_after_open(monkeypatch: pytest.MonkeyPatch, module: Any, keep: int) -> None:
+    """Truncate each data file to ``keep`` bytes right after it is opened and sized."""
+    real = module.open_inside
+
+    def opened(root: Path, relative: str) -> Any:
+        handle, size = real(root, relative)
+        if relative.endswith(".safetensors"):
+            os.truncate(os.path.join(root, relative), min(keep, size))
+        return handle, size
+
+    monkeypatch.setattr(module, "open_inside", opened)
+
+
+@pytest.mark.parametrize(("keep", "code"), [(0, "st-header-length"), (5, "st-header-length"),
+                                            (200, "st-header-length"), (-1, "st-offsets")])
+@pytest.mark.parametrize("mode", ["copy", "mmap", "reshard"])
+def test_a_file_truncated_after_the_size_check_is_a_finding(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: int, code: str,
+        mode: str) -> None:
+    from shardspec.load import execute
+    from shardspec.reshard import load as reshard_load
+    root = tmp_path / "ck"
+    manifest, _ = global_checkpoint(root)
+    first = root / manifest.ranks[0].files[0].path
+    if keep < 0:  # inside the data region: the header is whole, the data is not
+        keep = first.stat().st_size - 4
+    checkpoint = shardspec.open(root)
+    _truncate_after_open(monkeypatch, reshard_load if mode == "reshard" else execute, keep)
+    with pytest.raises(ShardspecError) as caught:
+        if mode == "reshard":
+            checkpoint.load_rank(0, "cpu", layout=shardspec.Layout(tp_size=1))
+        else:
+            checkpoint.load_rank(0, "cpu", mmap=mode == "mmap")
+    assert caught.value.code == code, caught.value
+
+
+@pytest.mark.parametrize("keep", [0, 5])
+def test_validate_reports_a_file_truncated_after_the_size_check(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: int) -> None:
+    validate_module = importlib.import_module("shardspec.validate")
+    tiny = make_tiny(tmp_path / "ck")
+    _truncate_after_open(monkeypatch, validate_module, keep)
+    report = shardspec.validate(tiny.path)
+    assert "st-header-length" in [f.code for f in report.errors]
+
+
+def test_a_read_error_is_a_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OSError from a read (EIO on a failing disk) is a finding too."""
+    from shardspec.load import execute
+    tiny = make_tiny(tmp_path / "ck")
+    real = execute.open_inside
+
+    class Failing:
+        def __init__(self, handle: Any) -> None:
+            self.handle = handle
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.handle, name)
+
+        def read(self, *args: Any) -> bytes:
+            raise OSError(5, "Input/output error")
+
+        def __enter__(self) -> Any:
+            return self
+
+        def __exit__(self, *args: Any) -> None:
+            self.handle.close()
+
+    def failing(root: Path, relative: str) -> tuple[Failing, int]:
+        handle, size = real(root, relative)
+        return Failing(handle), size
+
+    monkeypatch.setattr(execute, "open_inside", failing)
+    with pytest.raises(ShardspecError) as caught:
+        shardspec.load_rank(tiny.path, 0, "cpu")
+    assert caught.value.code == "st-header-length"
+    assert "Input/output error" in caught.value.finding.message
+
+
+# --- 12. a directory swapped for a symlink after the path check --------------------------------
+
+
+def test_a_directory_swapped_for_a_link_out_is_not_followed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC 2.2 rule 5: the path is checked, then its directory becomes a link to a copy
+    outside with other values; the reader must not return them."""
+    tiny = make_tiny(tmp_path / "ck")
+    root = tiny.path
+    (root / "data").mkdir()
+    moved = {}
+    for rank in tiny.manifest.ranks:
+        for record in rank.files:
+            shutil.move(root / record.path, root / "data" / record.path)
+            moved[record.path] = f"data/{record.path}"
+    text = (root / "shardspec.json").read_text()
+    for old, new in moved.items():
+        text = text.replace(f'"{old}"', f'"{new}"')
+    (root / "shardspec.json").write_text(text)
+    expected = shardspec.load_rank(root, 0, "cpu")
+    outside = tmp_path / "outside"
+    shutil.copytree(root / "data", outside)
+    for path in outside.iterdir():  # same sizes and headers, other values
+        blob = bytearray(path.read_bytes())
+        blob[-8:] = b"\x7f" * 8
+        path.write_bytes(bytes(blob))
+    checkpoint = shardspec.open(root)
+    real = paths.resolve_inside
+
+    def swapped(checkpoint_root: Path, relative: str) -> Path:
+        resolved = real(checkpoint_root, relative)
+        if (root / "data").is_dir() and not (root / "data").is_symlink():
+            shutil.rmtree(root / "data")
+            (root / "data").symlink_to(outside, target_is_directory=True)
+        return resolved
+
+    monkeypatch.setattr(paths, "resolve_inside", swapped)
+    with pytest.raises(ShardspecError) as caught:
+        loaded = checkpoint.load_rank(0, "cpu")
+        for name, tensor in expected.items():  # reached only if the link was followed
+            assert_same_tensor(loaded[name], tensor)
+    assert caught.value.code == "path-escapes"
+
+
+def test_links_inside_the_checkpoint_still_work(tmp_path: Path) -> None:
+    """SPEC 2.2 rule 5 follows links that stay inside: opening component by component
+    opens what they resolve to."""
+    tiny = make_tiny(tmp_path / "ck")
+    root = tiny.path
+    (root / "real").mkdir()
+    name = tiny.manifest.ranks[1].files[0].path
+    shutil.move(root / name, root / "real" / name)
+    (root / "alias").symlink_to("real", target_is_directory=True)
+    (root / name).symlink_to(f"alias/{name}")
+    loaded = shardspec.load_rank(root, 1, "cpu")
+    for tensor_name, tensor in tiny.expected[1].items():
+        assert_same_tensor(loaded[tensor_name], tensor)
+
+
+# --- also: mmap with a new layout --------------------------------------------------------------
+
+
+def test_mmap_with_a_new_layout_is_a_request_error(tmp_path: Path) -> None:
+    tiny = make_tiny(tmp_path / "ck")
+    with pytest.raises(shardspec.RequestError) as caught:
+        shardspec.load_rank(tiny.path, 0, "cpu", mmap=True, layout=shardspec.Layout(tp_size=1))
+    assert caught.value.code == "reshard-unsupported"
+

@@ -8,6 +8,7 @@ left unchecked. Time and memory bounds on large adversarial manifests are benchm
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib
 import json
@@ -21,6 +22,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import shardspec
@@ -35,8 +38,11 @@ from shardspec.cli import app
 from shardspec.convert import import_vllm
 from shardspec.convert.hf import HFError
 from shardspec.format.errors import ShardspecError
+from shardspec.format.manifest import Alias, TensorRecord
+from shardspec.format.overlap import Box, first_overlap
 from shardspec.format.parse import parse_manifest
 from shardspec.storage import paths
+from shardspec.testing.adversarial import staircase
 
 runner = CliRunner()
 
@@ -402,3 +408,142 @@ def test_mmap_with_a_new_layout_is_a_request_error(tmp_path: Path) -> None:
         shardspec.load_rank(tiny.path, 0, "cpu", mmap=True, layout=shardspec.Layout(tp_size=1))
     assert caught.value.code == "reshard-unsupported"
 
+
+
+# --- 2. a record's kind, decided once ----------------------------------------------------------
+
+
+def _newer(manifest_dict: dict[str, Any], name: str, record: dict[str, Any]) -> bytes:
+    data = copy.deepcopy(manifest_dict)
+    data["format_version"] = "1.3"
+    data["tensors"][name] = record
+    return manifest_bytes(data)
+
+
+def _local_pieces(manifest_dict: dict[str, Any]) -> list[dict[str, Any]]:
+    return copy.deepcopy(manifest_dict["tensors"]["layers.0.qkv.weight"]["pieces"])
+
+
+def _global(manifest_dict: dict[str, Any]) -> dict[str, Any]:
+    return copy.deepcopy(manifest_dict["tensors"]["layers.0.col.weight"])
+
+
+@pytest.mark.parametrize("extra", [{"tied_to": "x"}, {"tied_to": {}},
+                                   {"tied_to": {"tensor": "w", "block": 5}}])
+def test_unknown_members_of_a_rank_local_record_are_ignored(
+        manifest_dict: dict[str, Any], extra: dict[str, Any]) -> None:
+    """SPEC 4.3: in a newer minor version, a member the record's kind does not define is an
+    unknown field (a warning), whatever its value; it crashed the reader."""
+    record = {**manifest_dict["tensors"]["layers.0.qkv.weight"], **extra}
+    parsed = parse_manifest(_newer(manifest_dict, "layers.0.qkv.weight", record))
+    assert [f.code for f in parsed.findings] == ["version-newer-minor", "unknown-field"]
+    assert parsed.manifest is not None
+    assert parsed.manifest.tensors["layers.0.qkv.weight"].tied_to is None  # type: ignore[union-attr]
+
+
+def test_a_rank_local_piece_with_an_offset_ignores_it(manifest_dict: dict[str, Any]) -> None:
+    pieces = _local_pieces(manifest_dict)
+    pieces[0]["offset"] = [[1]]
+    record = {**manifest_dict["tensors"]["layers.0.qkv.weight"], "pieces": pieces}
+    parsed = parse_manifest(_newer(manifest_dict, "layers.0.qkv.weight", record))
+    assert [f.code for f in parsed.findings] == ["version-newer-minor", "unknown-field"]
+    assert parsed.manifest is not None
+    local = parsed.manifest.tensors["layers.0.qkv.weight"]
+    assert all(p.offset is None for p in local.pieces)  # type: ignore[union-attr]
+
+
+def test_a_record_with_alias_of_is_an_alias(manifest_dict: dict[str, Any]) -> None:
+    """`alias_of: []` on a global tensor is a bad alias (`schema`), not a crash; a rank-local
+    record that also has alias_of is an alias, its other members unknown fields."""
+    broken = {**_global(manifest_dict), "alias_of": []}
+    for data in (_newer(manifest_dict, "layers.0.col.weight", broken),
+                 manifest_bytes({**manifest_dict,
+                                 "tensors": {**manifest_dict["tensors"],
+                                             "layers.0.col.weight": broken}})):
+        parsed = parse_manifest(data)
+        assert parsed.manifest is None and "schema" in [f.code for f in parsed.errors]
+    record = {**manifest_dict["tensors"]["layers.0.qkv.weight"],
+              "alias_of": "layers.0.col.weight"}
+    parsed = parse_manifest(_newer(manifest_dict, "extra.alias", record))
+    assert [f.code for f in parsed.findings] == ["version-newer-minor", "unknown-field"]
+    assert parsed.manifest is not None
+    assert parsed.manifest.tensors["extra.alias"] == Alias(alias_of="layers.0.col.weight")
+    alias = {**_global(manifest_dict), "alias_of": "layers.0.col.weight"}
+    parsed = parse_manifest(_newer(manifest_dict, "extra.alias", alias))
+    assert [f.code for f in parsed.errors] == []
+    assert parsed.manifest is not None and isinstance(parsed.manifest.tensors["extra.alias"],
+                                                      Alias)
+
+
+def test_a_rank_local_record_with_a_shape_ignores_it(manifest_dict: dict[str, Any]) -> None:
+    pieces = _local_pieces(manifest_dict)
+    for piece in pieces:
+        piece["offset"] = [0, 0]
+    record = {**manifest_dict["tensors"]["layers.0.qkv.weight"], "shape": [7, 4],
+              "pieces": pieces}
+    parsed = parse_manifest(_newer(manifest_dict, "layers.0.qkv.weight", record))
+    assert [f.code for f in parsed.errors] == []
+    assert parsed.manifest is not None
+    local = parsed.manifest.tensors["layers.0.qkv.weight"]
+    assert isinstance(local, TensorRecord) and local.rank_local
+
+
+@pytest.mark.parametrize("version", ["1.2", "1.3"])
+def test_rank_local_must_be_true(manifest_dict: dict[str, Any], version: str,
+                                 tmp_path: Path) -> None:
+    """A global tensor with `rank_local: 1` and overlapping pieces was built as rank-local, so
+    bounds and coverage went unchecked and load_rank returned it: it is `schema` now."""
+    record = _global(manifest_dict)
+    record["rank_local"] = 1
+    for piece in record["pieces"]:
+        piece["offset"] = [0, 0]  # both ranks' halves at the top: overlapping, half uncovered
+    data = copy.deepcopy(manifest_dict)
+    data["format_version"] = version
+    data["tensors"]["layers.0.col.weight"] = record
+    parsed = parse_manifest(manifest_bytes(data))
+    assert parsed.manifest is None
+    assert {f.code for f in parsed.errors} == {"schema"}
+    assert "$.tensors.layers.0.col.weight.rank_local" in [f.json_path for f in parsed.errors]
+    if version == "1.3":  # shape and offsets: unknown fields of a rank-local record, ignored
+        assert len(parsed.errors) == 1
+
+
+# --- 4. the overlap check in n log n -----------------------------------------------------------
+
+
+def _brute_overlap(boxes: list[Box]) -> bool:
+    return any(all(max(a[0][d], b[0][d]) < min(a[0][d] + a[1][d], b[0][d] + b[1][d])
+                   for d in range(len(a[0])))
+               for i, a in enumerate(boxes) for b in boxes[:i])
+
+
+@st.composite
+def box_sets(draw: st.DrawFn) -> list[Box]:
+    ndim = draw(st.integers(0, 4))
+    boxes = []
+    for _ in range(draw(st.integers(0, 12))):
+        offset = tuple(draw(st.integers(0, 6)) for _ in range(ndim))
+        shape = tuple(draw(st.integers(1, 4)) for _ in range(ndim))
+        boxes.append((offset, shape))
+    return boxes
+
+
+@settings(max_examples=300, deadline=None)
+@given(box_sets())
+def test_first_overlap_answers_like_comparing_every_pair(boxes: list[Box]) -> None:
+    found = first_overlap(boxes)
+    assert (found is not None) == _brute_overlap(boxes)
+    if found is not None:
+        assert found[0] != found[1] and _brute_overlap([boxes[found[0]], boxes[found[1]]])
+
+
+@pytest.mark.timeout(120)
+def test_a_staircase_opens_without_quadratic_work() -> None:
+    """2n - 1 pieces cut in both dimensions: 8 minutes at n = 16384 with the pairwise sweep.
+    The timeout guards against a return to quadratic work; the bound is a benchmark's
+    (benchmarks/bench_hostile.py)."""
+    parsed = parse_manifest(staircase(16384))
+    assert parsed.findings == [] and parsed.manifest is not None
+    broken = parse_manifest(staircase(16384, overlap=True))
+    assert [f.code for f in broken.findings] == ["coverage-overlap"]
+    assert "ranks 32765 and 32766 overlap" in broken.findings[0].message

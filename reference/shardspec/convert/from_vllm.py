@@ -116,18 +116,18 @@ def import_vllm(
                     header = read_header(handle, size, name)
                 except ShardspecError as exc:
                     raise HFError(f"{name}: not a valid safetensors file: {exc}") from None
-                for entry in sorted(header.entries.values(),
+                for item in sorted(header.entries.values(),
                                     key=lambda e: (e.begin, e.end, e.name)):
-                    tensor = entry.name
-                    dtype = dtypes.setdefault(tensor, entry.dtype.name)
-                    if dtype != entry.dtype.name:
+                    tensor = item.name
+                    dtype = dtypes.setdefault(tensor, item.dtype.name)
+                    if dtype != item.dtype.name:
                         raise HFError(f"tensor {tensor!r} is {dtype} on one rank and "
-                                      f"{entry.dtype.name} in {name}")
+                                      f"{item.dtype.name} in {name}")
                     if any(p.rank == rank for p in pieces.get(tensor, ())):
                         raise HFError(f"rank {rank} holds tensor {tensor!r} twice (in {name} "
                                       "too)")
                     pieces.setdefault(tensor, []).append(Piece(rank=rank, file=name,
-                                                               shape=entry.shape))
+                                                               shape=item.shape))
                 handle.seek(0)
                 digests, size = digest_stream(handle, progress=advance)
                 records.append(FileRecord(path=name, size=size, checksums=digests))

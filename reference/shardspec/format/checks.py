@@ -11,6 +11,7 @@ from .dtypes import DTYPES, byte_size, element_count
 from .errors import Finding
 from .limits import MANIFEST_NAME, MAX_NAME_BYTES, MAX_PATH_BYTES
 from .manifest import Alias, Manifest, Piece, TensorRecord
+from .overlap import first_overlap
 from .ties import check_ties
 
 __all__ = ["check_manifest", "path_problem"]
@@ -201,7 +202,7 @@ def _check_coverage(name: str, shape: tuple[int, ...], pieces: list[Piece]) -> I
         return
     solid = [p for p in primaries if _volume(p.shape)]
     boxes = [(p.offset or (), p.shape) for p in solid]
-    overlap = _first_overlap(boxes)
+    overlap = first_overlap(boxes)
     if overlap is not None:
         a, b = solid[overlap[0]], solid[overlap[1]]
         yield Finding(code="coverage-overlap", tensor=name,
@@ -212,27 +213,3 @@ def _check_coverage(name: str, shape: tuple[int, ...], pieces: list[Piece]) -> I
     if covered != total:
         yield Finding(code="coverage-gap", tensor=name,
                       message=f"replica-0 pieces cover {covered} of {total} elements")
-
-
-def _first_overlap(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> tuple[int, int] | None:
-    """Indices of two overlapping boxes, sweeping along the most-split dimension."""
-    if len(boxes) < 2:
-        return None
-    ndim = len(boxes[0][0])
-    if ndim == 0:
-        return (0, 1)
-    sweep = max(range(ndim), key=lambda d: len({box[0][d] for box in boxes}))
-    order = sorted(range(len(boxes)), key=lambda i: boxes[i][0][sweep])
-    active: list[int] = []
-    for i in order:
-        start = boxes[i][0][sweep]
-        active = [j for j in active if boxes[j][0][sweep] + boxes[j][1][sweep] > start]
-        for j in active:
-            if all(
-                max(boxes[i][0][d], boxes[j][0][d])
-                < min(boxes[i][0][d] + boxes[i][1][d], boxes[j][0][d] + boxes[j][1][d])
-                for d in range(ndim)
-            ):
-                return (j, i)
-        active.append(i)
-    return None

@@ -23,10 +23,11 @@ from operator import attrgetter
 import numpy as np
 import numpy.typing as npt
 
-from .checks import _check_files, _check_layout, _first_overlap
+from .checks import _check_files, _check_layout
 from .dtypes import DTYPES, byte_size, element_count
 from .limits import MAX_NAME_BYTES, MAX_SIZE
 from .manifest import Alias, Manifest, Piece, TensorRecord
+from .overlap import first_overlap
 from .ties import check_ties
 
 __all__ = ["is_sound"]
@@ -269,7 +270,7 @@ def _no_overlap(tensor: Ints, offset: Ints, shape: Ints) -> bool:
     for k in np.flatnonzero(count > 1).tolist():
         sweep = [(tuple(offset[i].tolist()), tuple(shape[i].tolist()))
                  for i in range(first[k], ends[k])]
-        if _first_overlap(sweep) is not None:
+        if first_overlap(sweep) is not None:
             return False
     return True
 

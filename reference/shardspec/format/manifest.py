@@ -26,6 +26,7 @@ __all__ = [
     "RankRecord",
     "TensorRecord",
     "format_version",
+    "tensor_kind",
 ]
 
 #: SPEC 5.2: axes from slowest to fastest varying.
@@ -255,13 +256,15 @@ def _itself(key: Any, value: Any) -> Any:
 
 
 def _pieces(records: Iterable[Mapping[str, Any]],
-            shared: dict[Any, Any] | None = None) -> tuple[Piece, ...]:
+            shared: dict[Any, Any] | None = None, *, local: bool = False) -> tuple[Piece, ...]:
     """Pieces from their schema-valid dicts, in one loop: a manifest may hold a million.
 
     With ``shared`` (kept across the tensors of a manifest), equal shapes, offsets and file
     names become one object: a million pieces name a few thousand distinct ones, and what is
     left to allocate, to page in and for the garbage collector to walk is the pieces alone.
-    The fields are set as the frozen ``__init__`` sets them, without its call.
+    The fields are set as the frozen ``__init__`` sets them, without its call. A ``local``
+    (rank-local) piece has no offset or replica: members of those names are unknown fields of
+    a newer minor version (SPEC 4.3), ignored.
     """
     one = _itself if shared is None else shared.setdefault
     new = object.__new__
@@ -272,14 +275,22 @@ def _pieces(records: Iterable[Mapping[str, Any]],
         piece = new(Piece)
         file = data["file"]
         shape = tuple(data["shape"])
-        offset = data.get("offset")
+        offset = None if local else data.get("offset")
         put(piece, "rank", data["rank"])
         put(piece, "file", one(file, file))
         put(piece, "shape", one(shape, shape))
         put(piece, "offset", None if offset is None else one(offset := tuple(offset), offset))
-        put(piece, "replica", data.get("replica", 0))
+        put(piece, "replica", 0 if local else data.get("replica", 0))
         append(piece)
     return tuple(out)
+
+
+def tensor_kind(record: Mapping[str, Any]) -> str:
+    """SPEC 4.3 rule 2, as the schema's ``tensor`` decides it: a record with ``alias_of`` is an
+    ``"alias"``, one with ``rank_local`` is ``"rank-local"``, any other is ``"global"``."""
+    if "alias_of" in record:
+        return "alias"
+    return "rank-local" if "rank_local" in record else "global"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -319,17 +330,22 @@ class TensorRecord:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any],
                   shared: dict[Any, Any] | None = None) -> TensorRecord:
-        """The record of ``data``; ``shared`` as in :func:`_pieces` (for a whole manifest)."""
+        """The record of ``data``, a global or rank-local tensor record; ``shared`` as in
+        :func:`_pieces` (for a whole manifest).
+
+        The kind is :func:`tensor_kind`'s, and only the members that kind defines are read:
+        others are unknown fields of a newer minor version, which the schema check reported.
+        """
+        local = tensor_kind(data) == "rank-local"
         logical = data.get("logical")
-        shape = data.get("shape")
+        tie = None if local else data.get("tied_to")
         # Filled in directly, as pieces are: a manifest may hold 100,000 tensors.
         record = object.__new__(cls)
         put = object.__setattr__
         put(record, "dtype", data["dtype"])
-        put(record, "shape", None if data.get("rank_local") else tuple(shape or ()))
-        put(record, "pieces", _pieces(data["pieces"], shared))
+        put(record, "shape", None if local else tuple(data["shape"]))
+        put(record, "pieces", _pieces(data["pieces"], shared, local=local))
         put(record, "logical", None if logical is None else Logical.from_dict(logical))
-        tie = data.get("tied_to")
         put(record, "tied_to", None if tie is None else Tie.from_dict(tie))
         return record
 
@@ -401,7 +417,7 @@ class Manifest:
         tensors: dict[str, TensorRecord | Alias] = {}
         shared: dict[Any, Any] | None = {} if share else None
         for name, record in data["tensors"].items():
-            if "alias_of" in record:
+            if tensor_kind(record) == "alias":
                 tensors[name] = Alias(alias_of=record["alias_of"])
             else:
                 tensors[name] = TensorRecord.from_dict(record, shared)

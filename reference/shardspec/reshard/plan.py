@@ -37,11 +37,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import NoReturn
 
-from ..format.checks import _first_overlap
 from ..format.dtypes import DTYPES, byte_size
 from ..format.errors import Finding, error_for
 from ..format.experts import ExpertTensor, expert_rank, find_experts
 from ..format.manifest import Alias, Layout, Manifest, Piece, TensorRecord
+from ..format.overlap import first_overlap
 from ..format.stages import assign_stages
 from ..format.ties import tied_box
 
@@ -415,7 +415,7 @@ class Resharder:
         if total == 0:
             return
         distinct = sorted({b for b in boxes.values() if _volume(b[1])})
-        if _first_overlap(distinct) is not None or sum(_volume(s) for _, s in distinct) != total:
+        if first_overlap(distinct) is not None or sum(_volume(s) for _, s in distinct) != total:
             _refuse("reshard-unsupported", "the source's pipeline stages or expert ranks hold "
                     "slices that do not tile the tensor, so no target layout can be derived",
                     tensor=name)

@@ -58,7 +58,9 @@ def open_inside(root: Path, relative: str) -> tuple[io.FileIO, int]:
     except PathError:
         raise
     except OSError as exc:
-        if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink the check did not see
+        if exc.errno == errno.ELOOP and os.path.exists(real):
+            # O_NOFOLLOW met a symlink that leads somewhere: the check resolved past it, so it
+            # appeared since (a loop of links, which leads nowhere, is file-missing below)
             raise PathError(Finding(
                 code="path-escapes", file=relative,
                 message="a symlink appeared in the path after it was checked")) from None

@@ -42,7 +42,7 @@ from shardspec.format.manifest import Alias, TensorRecord
 from shardspec.format.overlap import Box, first_overlap
 from shardspec.format.parse import parse_manifest
 from shardspec.storage import paths
-from shardspec.testing.adversarial import staircase
+from shardspec.testing.adversarial import split_ways, staircase
 
 runner = CliRunner()
 
@@ -547,3 +547,23 @@ def test_a_staircase_opens_without_quadratic_work() -> None:
     broken = parse_manifest(staircase(16384, overlap=True))
     assert [f.code for f in broken.findings] == ["coverage-overlap"]
     assert "ranks 32765 and 32766 overlap" in broken.findings[0].message
+
+
+# --- 6. inspect in time linear in the pieces ---------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_inspect_a_tensor_split_32768_ways(tmp_path: Path) -> None:
+    """Counting each rank's tensors asked every tensor about every rank (ranks x pieces), and
+    rich drew a 32,768-row table: minutes. The timeout guards against that; the bound is a
+    benchmark's (benchmarks/bench_hostile.py)."""
+    (tmp_path / "shardspec.json").write_bytes(split_ways(32768))
+    code, text = cli("inspect", str(tmp_path), "--json")
+    assert code == 0, text
+    info = json.loads(text)
+    assert len(info["ranks"]) == 32768 and {r["tensors"] for r in info["ranks"]} == {1}
+    code, text = cli("inspect", str(tmp_path))
+    assert code == 0 and "... and 32512 more ranks (--json lists every one)" in text
+    assert text.count("r327") < 10  # the table stops after MAX_ROWS ranks
+    code, text = cli("inspect", str(tmp_path), "--tensor", "w")
+    assert code == 0 and "... and 32512 more pieces" in text

@@ -62,6 +62,13 @@ out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 
+def print_json(data: Any) -> None:
+    """``data`` as indented JSON on stdout, as ``out.print_json`` formats it, written plainly:
+    rich's rendering took a minute and a gigabyte for a 32,768-rank ``inspect --json``."""
+    out.file.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+    out.file.flush()
+
+
 EXIT_OK, EXIT_INVALID, EXIT_CANNOT_RUN = 0, 1, 2
 
 

@@ -14,15 +14,36 @@ from rich.table import Table
 from ..format.limits import MANIFEST_NAME
 from ..format.manifest import Alias, Manifest, TensorRecord
 from ..format.schema import schema_bytes
-from .app import JsonOpt, PathArg, app, cannot_run, human_size, open_manifest, out
+from .app import (
+    JsonOpt,
+    PathArg,
+    app,
+    cannot_run,
+    human_size,
+    open_manifest,
+    out,
+    print_json,
+)
 
-__all__ = ["files_command", "inspect_command", "schema_command"]
+__all__ = ["MAX_ROWS", "files_command", "inspect_command", "schema_command"]
+
+#: Rows of a text table: a world of 32,768 ranks is read with ``--json`` (a rich table of it
+#: took most of a minute to draw).
+MAX_ROWS = 256
+
+
+def _more(count: int, what: str) -> None:
+    if count > MAX_ROWS:
+        out.print(f"... and {count - MAX_ROWS} more {what} (--json lists every one)")
 
 def _inspect_dict(manifest: Manifest) -> dict[str, Any]:
     records = [t for t in manifest.tensors.values() if isinstance(t, TensorRecord)]
+    # One pass over the pieces (a rank holds at most one piece of a tensor, SPEC 7.2): asking
+    # each rank of each tensor was ranks x pieces, minutes for a tensor split 32,768 ways.
+    held_by = Counter(rank for t in records for rank in {p.rank for p in t.pieces})
     per_rank: list[dict[str, Any]] = []
     for rank in manifest.ranks:
-        held = sum(1 for t in records if t.piece_of(rank.rank) is not None)
+        held = held_by[rank.rank]
         per_rank.append({
             "rank": rank.rank, "tp_rank": rank.tp_rank, "pp_rank": rank.pp_rank,
             "ep_rank": rank.ep_rank, "files": [f.path for f in rank.files],
@@ -62,7 +83,7 @@ def inspect_command(
         return
     info = _inspect_dict(manifest)
     if as_json:
-        out.print_json(json.dumps(info))
+        print_json(info)
         return
     layout = manifest.layout
     out.print(f"[bold]{path}[/]  format {manifest.format_version}"
@@ -79,10 +100,11 @@ def inspect_command(
               "dtypes: "
               + ", ".join(f"{k} x{v}" for k, v in info["dtypes"].items()))
     table = Table("rank", "tp", "pp", "ep", "tensors", "files", "bytes")
-    for r in info["ranks"]:
+    for r in info["ranks"][:MAX_ROWS]:
         table.add_row(str(r["rank"]), str(r["tp_rank"]), str(r["pp_rank"]), str(r["ep_rank"]),
                       str(r["tensors"]), "\n".join(r["files"]), human_size(r["bytes"]))
     out.print(table)
+    _more(len(info["ranks"]), "ranks")
     if info["extra_files"]:
         out.print("extra files: " + ", ".join(info["extra_files"]))
     out.print(f"total size: {human_size(info['total_bytes'])}")
@@ -101,7 +123,7 @@ def _inspect_tensor(manifest: Manifest, name: str, as_json: bool) -> None:
         data = {"name": name, **record.to_dict()}
         if alias_of:
             data["alias_of"] = alias_of
-        out.print_json(json.dumps(data))
+        print_json(data)
         return
     kind = "rank-local" if record.rank_local else f"global shape {list(record.shape or ())}"
     out.print(f"[bold]{name}[/]" + (f" (alias of {alias_of})" if alias_of else "")
@@ -117,7 +139,7 @@ def _inspect_tensor(manifest: Manifest, name: str, as_json: bool) -> None:
     split_dims = _split_dims(record)
     width = 40
     table = Table("rank", "replica", "offset", "shape", "slice" if split_dims else "", "file")
-    for piece in sorted(record.pieces, key=lambda p: p.rank):
+    for piece in sorted(record.pieces, key=lambda p: p.rank)[:MAX_ROWS]:
         bar = ""
         if split_dims and record.shape:
             d = split_dims[0]
@@ -129,6 +151,7 @@ def _inspect_tensor(manifest: Manifest, name: str, as_json: bool) -> None:
                       "-" if piece.offset is None else str(list(piece.offset)),
                       str(list(piece.shape)), bar, piece.file)
     out.print(table)
+    _more(len(record.pieces), "pieces")
 
 
 def _split_dims(record: TensorRecord) -> list[int]:
@@ -151,10 +174,10 @@ def files_command(
         cannot_run(f"rank {rank} is not in 0..{manifest.world_size - 1}")
     records = list(manifest.extra_files) + list(manifest.ranks[rank].files)
     if as_json:
-        out.print_json(json.dumps({
+        print_json({
             "rank": rank,
             "files": [{"path": MANIFEST_NAME}] + [f.to_dict() for f in records],
-        }))
+        })
         return
     for name in [MANIFEST_NAME] + [f.path for f in records]:
         sys.stdout.write(name + "\n")

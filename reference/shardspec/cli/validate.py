@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
@@ -17,7 +16,18 @@ from rich.progress import (
 from ..storage.location import Location
 from ..storage.manifest_file import read_manifest
 from ..validate import Report, validate
-from .app import JsonOpt, PathArg, app, cannot_run, err, exit_code, location, out, print_finding
+from .app import (
+    JsonOpt,
+    PathArg,
+    app,
+    cannot_run,
+    err,
+    exit_code,
+    location,
+    out,
+    print_finding,
+    print_json,
+)
 
 __all__ = ["validate_command"]
 
@@ -45,7 +55,7 @@ def validate_command(
         report = validate(root, checksums=checksums, rank=rank,
                           ignore_extensions=ignore_extension or ())
     if as_json:
-        out.print_json(json.dumps(report.to_dict()))
+        print_json(report.to_dict())
     else:
         _print_report(report, checksums)
     raise typer.Exit(exit_code(report.findings))

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .checks_fast import is_sound
-from .json_dialect import count_members, decode_fast
+from .json_dialect import count_members, decode_fast_floats
 from .limits import MAX_JSON_DEPTH, MAX_MANIFEST_BYTES, SUPPORTED_MAJOR, SUPPORTED_MINOR
 from .manifest import Manifest
 from .schema import is_valid_if_piece_files_listed
@@ -35,10 +35,10 @@ def fast_manifest(data: bytes) -> Manifest | None:
     this reader reads, the schema, and every semantic rule. Extensions are not judged here (the
     caller's ``ignore_extensions`` decides, as on the strict path).
     """
-    decoded = decode_fast(data, max_bytes=MAX_MANIFEST_BYTES, max_depth=MAX_JSON_DEPTH)
+    decoded = decode_fast_floats(data, max_bytes=MAX_MANIFEST_BYTES, max_depth=MAX_JSON_DEPTH)
     if decoded is None:
         return None
-    raw, members = decoded
+    raw, members, floats = decoded
     version = raw.get("format_version") if isinstance(raw, dict) else None
     if not isinstance(version, str) or version not in _VERSIONS:  # [] is not hashable
         return None
@@ -46,6 +46,10 @@ def fast_manifest(data: bytes) -> Manifest | None:
     if not is_valid_if_piece_files_listed(raw):
         return None
     if manifest_members(raw) != members:  # a name twice in some object: msgspec kept the last
+        return None
+    # jsonschema-rs takes 4.0 for an integer (SPEC 3.3 rule 3 does not): every float of the
+    # text must be one of the free-form values', where any number is allowed.
+    if floats and floats != _free_form_floats(raw):
         return None
     manifest = Manifest.from_dict(raw, share=True)
     return manifest if is_sound(manifest) else None
@@ -71,6 +75,22 @@ def manifest_members(raw: Mapping[str, Any]) -> int:
         pieces = record.get("pieces")
         if pieces is not None:
             count += sum(map(len, pieces))
+    return count
+
+
+def _free_form_floats(raw: Mapping[str, Any]) -> int:
+    """How many floats the free-form values of a schema-valid manifest hold (SPEC 4.3 rule 1:
+    ``quantization.config`` and extension records; ``metadata`` holds strings only)."""
+    count = 0
+    stack: list[Any] = [raw["quantization"].get("config"), raw.get("extensions")]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, float):
+            count += 1
     return count
 
 

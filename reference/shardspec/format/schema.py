@@ -148,9 +148,9 @@ def is_valid_if_piece_files_listed(data: Any) -> bool | None:
 
     The fast path's schema check (:mod:`shardspec.format.parse_fast`): True is a promise only once
     the caller has also checked that each piece's file is among its rank's files, as
-    :func:`shardspec.format.checks_fast.is_sound` does. ``data`` must hold no float
-    (``jsonschema-rs`` takes 4.0 for an integer, SPEC 3.3 does not). None where ``jsonschema-rs`` is
-    not installed.
+    :func:`shardspec.format.checks_fast.is_sound` does. ``jsonschema-rs`` takes 4.0 for an
+    integer, SPEC 3.3 does not: a float anywhere but in a free-form value is for the caller to
+    refuse (the fast path counts them). None where ``jsonschema-rs`` is not installed.
     """
     validator = _listed_files_validator()
     return None if validator is None else bool(validator.is_valid(data))

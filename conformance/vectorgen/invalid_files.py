@@ -5,6 +5,7 @@ rule; where a data file changes, its record is updated so only the intended find
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import struct
 from collections.abc import Callable
@@ -216,6 +217,13 @@ def invalid_file_vectors() -> list[Vector]:
     add("checksum-mismatch", "metadata-edit", "The __metadata__ value 'pt' changed to 'pu' "
         "after the manifest was written: the header is still valid.",
         edit(tp1, flip(F0, index)), [0], verify=True)
+    def wrong_blake2b(c: Ckpt) -> None:
+        c.record(F0)["checksums"]["blake2b"] = hashlib.blake2b(c.files[F0] + b"!").hexdigest()
+    add("checksum-mismatch", "blake2b-only", "Rank 0's record lists its file's right sha256 "
+        "and a wrong blake2b: every listed digest a reader knows is verified (9.2 rule 5), "
+        "whether it copies, maps or reshards the file. blake2b is OPTIONAL to implement (rule "
+        "3): a reader without it cannot tell, and does not pass this vector; every reader of "
+        "conformance/examples implements it.", edit(tp1, wrong_blake2b), [0], verify=True)
     add("checksum-mismatch", "extra-file", "config.json changed in place (same size). Only a "
         "validator reports it: readers do not open extra files (ranks is empty).",
         edit(tp2, flip("config.json", 2)), [], verify=True)

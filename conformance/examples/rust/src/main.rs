@@ -5,6 +5,7 @@
 //! (conformance/README.md, "The adapter protocol"). On an error it writes nothing, prints
 //! `error [code] message (SPEC x.y)` on stderr and exits 1.
 
+mod blake2b;
 mod checks;
 mod dtype;
 mod error;

@@ -10,6 +10,7 @@ use crate::fail;
 use crate::json::{self, JsonError};
 use crate::model::{Manifest, TensorKind};
 use crate::safetensors::{self, Entry};
+use crate::blake2b::blake2b_hex;
 use crate::sha256::Sha256;
 use crate::{checks, paths, schema, ties, version};
 
@@ -166,16 +167,20 @@ pub fn load_rank(dir: &Path, rank: &str, ignore: &[String], warnings: &mut Vec<F
                        piece of this file", e.name);
             }
         }
-        // (f) SPEC 9.2: every known algorithm the record lists (this reader knows sha256)
+        // (f) SPEC 9.2: every known algorithm the record lists (sha256 and blake2b)
         for (algorithm, want) in &rec.checksums {
-            if algorithm == "sha256" {
-                let mut h = Sha256::new();
-                h.update(&bytes);
-                let got = h.hex();
-                if got != *want {
-                    fail!("checksum-mismatch", "{rel:?}: sha256 is {got}, the manifest says \
-                           {want}");
+            let got = match algorithm.as_str() {
+                "sha256" => {
+                    let mut h = Sha256::new();
+                    h.update(&bytes);
+                    h.hex()
                 }
+                "blake2b" => blake2b_hex(&bytes),
+                _ => continue,
+            };
+            if got != *want {
+                fail!("checksum-mismatch", "{rel:?}: {algorithm} is {got}, the manifest says \
+                       {want}");
             }
         }
         // (e) each piece's array is its entry's bytes

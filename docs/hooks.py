@@ -280,6 +280,8 @@ def _type(spec: dict[str, Any]) -> str:
         return "one of " + ", ".join(_code(v) for v in spec["enum"])
     if "oneOf" in spec:
         return "exactly one of " + ", ".join(_type(s) for s in spec["oneOf"])
+    if "if" in spec and "then" in spec:
+        return _conditional(spec)
     kind = spec.get("type", "any")
     if kind == "array" and "items" in spec:
         return f"array of {_type(spec['items'])}"
@@ -288,6 +290,18 @@ def _type(spec: dict[str, Any]) -> str:
         key = f"{_type(names)} names" if names and "$ref" in names else "names"
         return f"object: {key} → {_type(spec['additionalProperties'])}"
     return str(kind)
+
+
+def _conditional(spec: dict[str, Any]) -> str:
+    """``if``/``then``/``else`` chains on members present (a tensor record's kind, SPEC 4.3)."""
+    parts = []
+    while "if" in spec and "then" in spec:
+        members = ", ".join(_code(name) for name in spec["if"].get("required", []))
+        parts.append(f"{_type(spec['then'])} if it has {members}")
+        spec = spec.get("else", {})
+    if spec:
+        parts.append(_type(spec))
+    return "; else ".join(parts)
 
 
 def _constraints(spec: dict[str, Any]) -> str:

@@ -265,8 +265,8 @@ impl<'w> Schema<'w> {
         Ok(pieces)
     }
 
-    /// A tensor record; its kind is decided by SPEC 4.3 rule 2, which for a manifest of this
-    /// version is the same as the schema's `oneOf`.
+    /// A tensor record; its kind is decided by SPEC 4.3 rule 2, as the schema's `tensor`
+    /// decides it (`if`/`then`/`else` on the members present).
     fn tensor(&mut self, name: &str, v: &Value) -> Result<Tensor> {
         let at = format!("tensors[{name:?}]");
         let members = self.object(v, &at)?;

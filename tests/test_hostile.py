@@ -37,9 +37,9 @@ from conftest import (
 from shardspec.cli import app
 from shardspec.convert import import_vllm
 from shardspec.convert.hf import HFError
+from shardspec.format import schema
 from shardspec.format.errors import ShardspecError
 from shardspec.format.manifest import Alias, TensorRecord
-from shardspec.format import schema
 from shardspec.format.overlap import Box, first_overlap
 from shardspec.format.parse import parse_manifest
 from shardspec.storage import paths

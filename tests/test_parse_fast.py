@@ -1,7 +1,10 @@
 """The fast path of parse_manifest: the strict path's answer, sooner, or no answer at all.
 
-Every property compares ``parse_manifest`` (fast path first) with the strict path alone on the
-same bytes: the same findings (codes, messages, paths) and the same Manifest. The manifests are
+Differential fuzzing, kept: every property compares ``parse_manifest`` (fast path first), the
+strict path alone, and the pure-Python path (no jsonschema-rs: the reference validator alone)
+on the same bytes: the same findings (codes, messages, paths) and the same Manifest.
+``make test`` runs the derandomized ``ci`` profile; ``SHARDSPEC_HYPOTHESIS_PROFILE=thorough``
+(tests/conftest.py loads it) runs 20 times as many random examples. The manifests are
 written by the reference writer from ``shardspec.testing.strategies``, broken in the ways those
 strategies know, and mutated byte by byte and field by field as in ``test_fuzz.py``.
 """
@@ -14,6 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -38,10 +42,21 @@ def strict(data: bytes, ignore: tuple[str, ...] = ()) -> ParsedManifest:
     return parse._parse_manifest(data, ignore)
 
 
+def pure_python(data: bytes, ignore: tuple[str, ...] = ()) -> ParsedManifest:
+    """``parse_manifest`` as it runs without jsonschema-rs: no fast path, and the reference
+    validator alone finds and explains every schema error."""
+    with mock.patch.object(schema, "_fast_validator", lambda: None), \
+            mock.patch.object(schema, "_open_fast_validator", lambda: None), \
+            mock.patch.object(schema, "_listed_files_validator", lambda: None):
+        return parse_manifest(data, ignore_extensions=ignore)
+
+
 def assert_same_answer(data: bytes, ignore: tuple[str, ...] = ()) -> ParsedManifest:
-    """Both paths give the same findings and manifest; returns the strict path's answer."""
+    """The three paths give the same findings and manifest: fast (msgspec, jsonschema-rs,
+    numpy), strict, and pure Python; returns the strict path's answer."""
     expected = strict(data, ignore)
     assert parse_manifest(data, ignore_extensions=ignore) == expected
+    assert pure_python(data, ignore) == expected
     manifest = fast_manifest(data)
     if manifest is not None:  # an answer is a promise: nothing but extensions to report
         assert manifest == expected.manifest

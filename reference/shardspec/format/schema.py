@@ -15,6 +15,7 @@ import copy
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -246,36 +247,96 @@ def _open_fast_validator() -> Any:
     return jsonschema_rs.validator_for(_open_objects(manifest_schema()))
 
 
-def _located(data: Any, open_schema: bool, has_floats: bool) -> tuple[Any, int]:
-    """``data`` with only the tensors that have errors (the first :data:`MAX_SCHEMA_FINDINGS`
-    of them), and how many errors lie in the tensors left out.
+#: Containers whose items the schema checks each on its own: key -> the items' definition.
+_UNITS = {"ranks": "rank", "extra_files": "file", "tensors": "tensor"}
 
-    The reference validator, which explains errors, walks everything at about 0.5 ms a tensor;
-    ``jsonschema-rs`` finds where the errors are at C speed. Tensor records are checked each
-    on its own (their names are free-form), so a tensor left out takes no error with it. With
-    floats, or without ``jsonschema-rs``, nothing is left out (``jsonschema-rs`` takes 4.0 for
-    an integer: only the reference validator finds that error).
+
+@dataclass
+class _Located:
+    """Where the errors are: the manifest without its items (``top``), the items with an error
+    (at most :data:`MAX_SCHEMA_FINDINGS`), and how many errors lie in the items left out."""
+
+    top: Any
+    items: list[tuple[str, Any, Any]]
+    left_out: int
+    #: Containers kept whole in ``top``: an error is about the container itself.
+    whole: set[str]
+
+
+def _locate(data: Any, open_schema: bool, has_floats: bool) -> _Located | None:
+    """Where ``data``'s errors are, found by ``jsonschema-rs``; None when it cannot say.
+
+    The reference validator, which explains errors, walks everything at about 0.5 ms a tensor
+    or rank; ``jsonschema-rs`` finds where the errors are at C speed. Rank, file and tensor
+    records are each checked on their own (the schema relates no two), so the reference
+    validator explains the records with an error, one by one, and the manifest with every
+    container cut to at most one record (``ranks`` must have one). With floats, or without
+    ``jsonschema-rs``, it cannot say (``jsonschema-rs`` takes 4.0 for an integer).
     """
     fast = _open_fast_validator() if open_schema else _fast_validator()
-    tensors = data.get("tensors") if isinstance(data, dict) else None
-    if fast is None or has_floats or not isinstance(tensors, dict):
-        return data, 0
-    kept: dict[str, Any] = {}
+    if fast is None or has_floats or not isinstance(data, dict):
+        return None
+    top = dict(data)
+    for key in _UNITS:
+        value = data.get(key)
+        if isinstance(value, list):
+            top[key] = value[:1] if key == "ranks" else []
+        elif isinstance(value, dict):
+            top[key] = {}
+    items: dict[tuple[str, Any], Any] = {}
+    whole: set[str] = set()
     left_out = 0
     for error in fast.iter_errors(data):
         path = error.instance_path
-        if not path or path[0] != "tensors":
+        if not path or path[0] not in _UNITS or path[0] in whole:
             continue
-        if len(path) < 2:  # about the tensors object itself (a reserved name): keep them all
-            return data, 0
-        name = path[1]
-        if name in kept:
+        if len(path) < 2:  # about the container itself (a reserved tensor name): keep it
+            top[path[0]] = data[path[0]]
+            whole.add(path[0])
             continue
-        if len(kept) < MAX_SCHEMA_FINDINGS:
-            kept[name] = tensors[name]
+        where = (path[0], path[1])
+        if where in items:
+            continue
+        if len(items) < MAX_SCHEMA_FINDINGS:
+            items[where] = data[path[0]][path[1]]
         else:
             left_out += 1
-    return {**data, "tensors": kept}, left_out
+    kept = [(key, at, item) for (key, at), item in items.items() if key not in whole]
+    return _Located(top, kept, left_out, whole)
+
+
+def _first_errors(validator: Draft202012Validator, data: Any, located: _Located | None
+                  ) -> tuple[list[ValidationError], int]:
+    """The first :data:`MAX_SCHEMA_FINDINGS` errors (by path) and how many more there are;
+    only those are kept, so memory stays linear in the manifest, not in its errors."""
+    if located is None:
+        found: Iterator[ValidationError] = validator.iter_errors(data)
+        left_out = 0
+    else:
+        found = _located_errors(validator, located)
+        left_out = located.left_out
+    errors: list[ValidationError] = []
+    more = left_out
+    for error in found:
+        if len(errors) < MAX_SCHEMA_FINDINGS:
+            errors.append(error)
+        else:
+            more += 1
+    return _by_path(iter(errors)), more
+
+
+def _located_errors(validator: Draft202012Validator, located: _Located
+                    ) -> Iterator[ValidationError]:
+    for error in validator.iter_errors(located.top):
+        path = error.absolute_path
+        # an item left in a cut container (ranks[0]) is explained with the items, if at all
+        if len(path) >= 2 and path[0] in _UNITS and path[0] not in located.whole:
+            continue
+        yield error
+    for key, at, item in located.items:
+        for error in validator.descend(item, {"$ref": f"#/$defs/{_UNITS[key]}"}, path=at):
+            error.path.appendleft(key)
+            yield error
 
 
 def _open_valid(data: Any, has_floats: bool) -> bool:
@@ -284,19 +345,6 @@ def _open_valid(data: Any, has_floats: bool) -> bool:
     if fast is None or has_floats:
         return next(iter(_open_validator().iter_errors(data)), None) is None
     return bool(fast.is_valid(data))
-
-
-def _first_errors(validator: Draft202012Validator, data: Any) -> tuple[list[ValidationError], int]:
-    """The first :data:`MAX_SCHEMA_FINDINGS` errors (by path) and how many more there are;
-    only those are kept, so memory stays linear in the manifest, not in its errors."""
-    errors: list[ValidationError] = []
-    more = 0
-    for error in validator.iter_errors(data):
-        if len(errors) < MAX_SCHEMA_FINDINGS:
-            errors.append(error)
-        else:
-            more += 1
-    return _by_path(iter(errors)), more
 
 
 def _more_finding(more: int) -> Finding:
@@ -319,9 +367,7 @@ def schema_findings(
         has_floats = _has_float(data)
     if is_valid(data, has_floats=has_floats):
         return
-    located, left_out = _located(data, False, has_floats)
-    errors, more = _first_errors(_validator(), located)
-    more += left_out
+    errors, more = _first_errors(_validator(), data, _locate(data, False, has_floats))
     if allow_unknown_fields and errors:
         # Only fields the schema does not know may be ignored: anything else it checks must
         # still hold, so check that first with unknown fields allowed everywhere.
@@ -337,9 +383,7 @@ def schema_findings(
                 yield Finding(code="unknown-field", json_path="$",
                               message=f"ignored {more} more unknown field(s), not listed")
             return
-        located, left_out = _located(data, True, has_floats)
-        errors, more = _first_errors(_open_validator(), located)
-        more += left_out
+        errors, more = _first_errors(_open_validator(), data, _locate(data, True, has_floats))
     for error in errors:
         detail = _deepest(error)
         tensor = None

@@ -1,0 +1,148 @@
+"""Adversarial manifests of up to about 10 MB: time and peak memory of open, validate, inspect.
+
+The stated bound (issue 20): no manifest under 10 MB takes more than 5 s or 1 GB to open,
+validate or inspect. Each manifest of :mod:`shardspec.testing.adversarial` (and the invalid
+variants below) is written alone into a directory (no data file: open and inspect read the
+manifest only, validate reports each data file missing), and each operation runs in a fresh
+child process, so that one's memory does not count against the next:
+
+- ``open``: ``shardspec.open(path)`` (a ShardspecError is an answer, counted like a return);
+- ``validate``: ``shardspec.validate(path)``, and ``len(report.to_dict())`` of its findings;
+- ``inspect``: the ``shardspec inspect --json`` command, its output to /dev/null.
+
+Time is the operation alone (after imports); memory is the child's peak resident set
+(``ru_maxrss``), imports (torch for validate) included, so the bound is checked on the
+whole process. Median of ``--repeats`` for time, largest peak for memory.
+
+Run: ``PYTHONPATH=reference python benchmarks/bench_hostile.py [--repeats 3] [--json OUT]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from shardspec.testing.adversarial import (
+    ADVERSARIAL,
+    floats_in_config,
+    many_unknown_members,
+    split_ways,
+    staircase,
+)
+
+SECONDS, BYTES = 5.0, 1024**3
+
+#: name -> (manifest bytes, what it attacks); every one at most 10 MB.
+def cases() -> dict[str, tuple[Callable[[], bytes], str]]:
+    out: dict[str, tuple[Callable[[], bytes], str]] = {}
+    for name, (build, size, what) in ADVERSARIAL.items():
+        if name == "staircase":
+            size = 16384  # 2n - 1 = 32,767 pieces: 9 MB (the 65,535-piece one is 18 MB)
+        if name == "floats-in-config":
+            size = 75000  # 9.7 MB
+        out[name] = ((lambda b=build, s=size: b(s)), what)
+    out["staircase-overlap"] = (lambda: staircase(16384, overlap=True),
+                                "the staircase with one overlap: the strict path reports it")
+    out["unknown-members-newer-minor"] = (
+        lambda: many_unknown_members(85000).replace(b'"1.2"', b'"1.3"', 1),
+        "85,000 unknown fields in a newer minor version: warnings, bounded")
+    out["split-ways-one-error"] = (
+        lambda: split_ways(32768).replace(b'"dtype":"I8"', b'"dtype":"I8","x":1', 1),
+        "32,768 ranks and one schema error: the strict path on a large manifest")
+    out["floats-one-error"] = (
+        lambda: floats_in_config(75000).replace(b'"dtype":"I8"', b'"dtype":"I8","x":1', 1),
+        "a float in the config and one schema error: no jsonschema-rs pruning (known slow)")
+    return out
+
+
+_CHILD = r"""
+import json, resource, sys, time, os
+op, path = sys.argv[1], sys.argv[2]
+if op == "inspect":
+    from shardspec.cli import main
+    sys.argv = ["shardspec", "inspect", path, "--json"]
+    out = os.open(os.devnull, os.O_WRONLY); os.dup2(out, 1)
+    started = time.perf_counter()
+    try:
+        main()
+    except SystemExit as exc:
+        code = exc.code
+    else:
+        code = 0
+    answer = f"exit {code}"
+else:
+    import shardspec
+    started = time.perf_counter()
+    if op == "open":
+        try:
+            answer = f"{shardspec.open(path).world_size} ranks"
+        except shardspec.ShardspecError as exc:
+            answer = exc.code
+    else:
+        report = shardspec.validate(path)
+        codes = sorted({f.code for f in report.findings})
+        answer = f"{len(report.findings)} findings {codes[:3]}"
+elapsed = time.perf_counter() - started
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+os.write(2, ("\nRESULT " + json.dumps([elapsed, peak, answer]) + "\n").encode())
+"""
+
+
+def run(op: str, path: Path) -> tuple[float, int, str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "reference")}
+    done = subprocess.run([sys.executable, "-c", _CHILD, op, str(path)], capture_output=True,
+                          text=True, env=env, timeout=1800)
+    line = [x for x in done.stderr.splitlines() if x.startswith("RESULT ")]
+    if not line:
+        raise RuntimeError(f"{op} {path}: no result\n{done.stderr[-2000:]}")
+    elapsed, peak, answer = json.loads(line[-1][7:])
+    return elapsed, peak, answer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", help="comma-separated case names")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    print(f"python {platform.python_version()}, {os.cpu_count()} cpus, "
+          f"load average {os.getloadavg()[0]:.1f} at start; bound {SECONDS:g} s, "
+          f"{BYTES / 2**30:g} GiB peak RSS; median of {args.repeats}")
+    print("| manifest | MB | op | answer | s | peak RSS MiB | within bound |")
+    print("|---|---:|---|---|---:|---:|---|")
+    rows = []
+    chosen = cases()
+    if args.only:
+        chosen = {k: v for k, v in chosen.items() if k in args.only.split(",")}
+    with tempfile.TemporaryDirectory(prefix="shardspec-hostile-") as tmp:
+        for name, (build, what) in chosen.items():
+            root = Path(tmp) / name
+            root.mkdir()
+            data = build()
+            (root / "shardspec.json").write_bytes(data)
+            for op in ("open", "validate", "inspect"):
+                runs = [run(op, root) for _ in range(args.repeats)]
+                seconds = statistics.median(r[0] for r in runs)
+                peak = max(r[1] for r in runs)
+                ok = seconds <= SECONDS and peak <= BYTES
+                rows.append({"manifest": name, "what": what, "bytes": len(data), "op": op,
+                             "answer": runs[0][2], "seconds": [r[0] for r in runs],
+                             "peak_rss": peak, "within_bound": ok})
+                print(f"| {name} | {len(data) / 1e6:.1f} | {op} | {runs[0][2]} | "
+                      f"{seconds:.2f} | {peak / 2**20:.0f} | {'pass' if ok else 'FAIL'} |",
+                      flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -8,6 +8,7 @@ child process, so that one's memory does not count against the next:
 
 - ``open``: ``shardspec.open(path)`` (a ShardspecError is an answer, counted like a return);
 - ``validate``: ``shardspec.validate(path)``, and ``len(report.to_dict())`` of its findings;
+- ``validate-cli``: the ``shardspec validate`` command (text), its output to /dev/null;
 - ``inspect``: the ``shardspec inspect --json`` command, its output to /dev/null.
 
 Time is the operation alone (after imports); memory is the child's peak resident set
@@ -66,10 +67,13 @@ def cases() -> dict[str, tuple[Callable[[], bytes], str]]:
 _CHILD = r"""
 import json, resource, sys, time, os
 op, path = sys.argv[1], sys.argv[2]
-if op == "inspect":
+result = 2
+if op in ("inspect", "validate-cli"):
     from shardspec.cli import main
-    sys.argv = ["shardspec", "inspect", path, "--json"]
-    out = os.open(os.devnull, os.O_WRONLY); os.dup2(out, 1)
+    sys.argv = (["shardspec", "inspect", path, "--json"] if op == "inspect"
+                else ["shardspec", "validate", path])
+    result = os.dup(2)
+    out = os.open(os.devnull, os.O_WRONLY); os.dup2(out, 1); os.dup2(out, 2)
     started = time.perf_counter()
     try:
         main()
@@ -92,7 +96,7 @@ else:
         answer = f"{len(report.findings)} findings {codes[:3]}"
 elapsed = time.perf_counter() - started
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-os.write(2, ("\nRESULT " + json.dumps([elapsed, peak, answer]) + "\n").encode())
+os.write(result, ("\nRESULT " + json.dumps([elapsed, peak, answer]) + "\n").encode())
 """
 
 
@@ -128,7 +132,7 @@ def main() -> None:
             root.mkdir()
             data = build()
             (root / "shardspec.json").write_bytes(data)
-            for op in ("open", "validate", "inspect"):
+            for op in ("open", "validate", "validate-cli", "inspect"):
                 runs = [run(op, root) for _ in range(args.repeats)]
                 seconds = statistics.median(r[0] for r in runs)
                 peak = max(r[1] for r in runs)

@@ -603,3 +603,14 @@ def test_unknown_fields_past_the_bound_are_counted(manifest_dict: dict[str, Any]
     findings = parse_manifest(json.dumps(data).encode()).findings
     assert [(f.code, f.json_path) for f in findings] == [
         ("version-newer-minor", "$.format_version"), ("schema", "$.layout.tp_size")]
+
+
+def test_validate_prints_a_bounded_number_of_findings_of_one_code(tmp_path: Path) -> None:
+    """300 missing files: 50 printed, the rest counted (every one was drawn by rich: 32,768
+    of them took longer than validating); --json lists them all."""
+    (tmp_path / "shardspec.json").write_bytes(split_ways(300))
+    code, text = cli("validate", str(tmp_path))
+    assert code == 1 and text.count("[file-missing]") == 51, text[-500:]
+    assert "... and 250 more [file-missing] findings (--json lists every one)" in text
+    code, text = cli("validate", str(tmp_path), "--json")
+    assert len(json.loads(text)["findings"]) == 300

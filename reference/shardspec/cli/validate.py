@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Annotated
 
 import typer
@@ -77,9 +78,21 @@ def _validate_with_progress(path: Location, rank: int | None, ignore: list[str])
                         progress=lambda n: progress.advance(task, n))
 
 
+#: Findings of one code printed as text; the rest are counted (``--json`` lists every one).
+#: 32,768 missing files drawn one by one by rich took longer than the validation.
+MAX_PRINTED = 50
+
+
 def _print_report(report: Report, checksums: bool) -> None:
+    printed: Counter[str] = Counter()
     for finding in report.findings:
-        print_finding(finding)
+        printed[finding.code] += 1
+        if printed[finding.code] <= MAX_PRINTED:
+            print_finding(finding)
+    for code, count in printed.items():
+        if count > MAX_PRINTED:
+            err.print(f"... and {count - MAX_PRINTED} more [{code}] findings "
+                      "(--json lists every one)")
     summary = (f"{report.files_checked} files checked"
                + (f", {report.checksums_verified} checksums verified" if checksums else ""))
     if report.ok:

@@ -13,6 +13,7 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
+from rich.text import Text
 
 from ..storage.location import Location
 from ..storage.manifest_file import read_manifest
@@ -91,8 +92,8 @@ def _print_report(report: Report, checksums: bool) -> None:
             print_finding(finding)
     for code, count in printed.items():
         if count > MAX_PRINTED:
-            err.print(f"... and {count - MAX_PRINTED} more [{code}] findings "
-                      "(--json lists every one)")
+            err.print(Text(f"... and {count - MAX_PRINTED} more [{code}] findings "
+                           "(--json lists every one)"))
     summary = (f"{report.files_checked} files checked"
                + (f", {report.checksums_verified} checksums verified" if checksums else ""))
     if report.ok:

@@ -15,6 +15,8 @@
   report and JUnit XML; ``shardspec conformance`` is its command line.
 - :mod:`~shardspec.testing.profiles`: Hypothesis profiles ``ci`` and ``thorough``, picked by
   ``SHARDSPEC_HYPOTHESIS_PROFILE``.
+- :mod:`~shardspec.testing.adversarial`: large manifests built to cost a reader time or
+  memory (tests and ``benchmarks/bench_hostile.py``).
 
 Needs Hypothesis (``pip install 'shardspec[conformance]'``).
 """

@@ -263,18 +263,18 @@ class _Located:
     whole: set[str]
 
 
-def _locate(data: Any, open_schema: bool, has_floats: bool) -> _Located | None:
+def _locate(data: Any, open_schema: bool, checkable: Any) -> _Located | None:
     """Where ``data``'s errors are, found by ``jsonschema-rs``; None when it cannot say.
 
     The reference validator, which explains errors, walks everything at about 0.5 ms a tensor
     or rank; ``jsonschema-rs`` finds where the errors are at C speed. Rank, file and tensor
     records are each checked on their own (the schema relates no two), so the reference
     validator explains the records with an error, one by one, and the manifest with every
-    container cut to at most one record (``ranks`` must have one). With floats, or without
-    ``jsonschema-rs``, it cannot say (``jsonschema-rs`` takes 4.0 for an integer).
+    container cut to at most one record (``ranks`` must have one). ``checkable`` is ``data``
+    as jsonschema-rs can judge it (:func:`_checkable`); None (no jsonschema-rs): it cannot say.
     """
     fast = _open_fast_validator() if open_schema else _fast_validator()
-    if fast is None or has_floats or not isinstance(data, dict):
+    if fast is None or checkable is None or not isinstance(data, dict):
         return None
     top = dict(data)
     for key in _UNITS:
@@ -286,7 +286,7 @@ def _locate(data: Any, open_schema: bool, has_floats: bool) -> _Located | None:
     items: dict[tuple[str, Any], Any] = {}
     whole: set[str] = set()
     left_out = 0
-    for error in fast.iter_errors(data):
+    for error in fast.iter_errors(checkable):
         path = error.instance_path
         if not path or path[0] not in _UNITS or path[0] in whole:
             continue
@@ -339,12 +339,43 @@ def _located_errors(validator: Draft202012Validator, located: _Located
             yield error
 
 
-def _open_valid(data: Any, has_floats: bool) -> bool:
+def _open_valid(data: Any, checkable: Any) -> bool:
     """Whether ``data`` holds to the schema but for unknown fields (SPEC 4.3)."""
     fast = _open_fast_validator()
-    if fast is None or has_floats:
+    if fast is None or checkable is None:
         return next(iter(_open_validator().iter_errors(data)), None) is None
-    return bool(fast.is_valid(data))
+    return bool(fast.is_valid(checkable))
+
+
+#: What a float outside the free-form values becomes for jsonschema-rs: no integer, string or
+#: boolean, so wherever the schema types a member it is refused there, as the float is by
+#: the reference validator (SPEC 3.3 rule 3; the schema has no "number" member).
+_FLOAT_MARK = {"": "a number with a fraction or an exponent"}
+
+
+def _checkable(data: Any, has_floats: bool) -> Any:
+    """``data`` as jsonschema-rs can judge it, or None where it cannot be used.
+
+    jsonschema-rs takes 4.0 for an integer: with floats, each one outside the free-form
+    values (``quantization``'s config and extension records, where any number is allowed)
+    becomes :data:`_FLOAT_MARK` in a copy, so the errors are found, and located, at C speed.
+    """
+    if _fast_validator() is None:
+        return None
+    if not has_floats or not isinstance(data, dict):
+        return data if not has_floats else None
+    return {key: value if key in ("quantization", "extensions") else _mark_floats(value)
+            for key, value in data.items()}
+
+
+def _mark_floats(value: Any) -> Any:
+    if isinstance(value, float):
+        return _FLOAT_MARK
+    if isinstance(value, dict):
+        return {key: _mark_floats(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_mark_floats(item) for item in value]
+    return value
 
 
 def _more_finding(more: int) -> Finding:
@@ -365,13 +396,17 @@ def schema_findings(
     """
     if has_floats is None:
         has_floats = _has_float(data)
-    if is_valid(data, has_floats=has_floats):
+    checkable = _checkable(data, has_floats)
+    if checkable is None:
+        if is_valid(data, has_floats=has_floats):
+            return
+    elif _fast_validator().is_valid(checkable):
         return
-    errors, more = _first_errors(_validator(), data, _locate(data, False, has_floats))
+    errors, more = _first_errors(_validator(), data, _locate(data, False, checkable))
     if allow_unknown_fields and errors:
         # Only fields the schema does not know may be ignored: anything else it checks must
         # still hold, so check that first with unknown fields allowed everywhere.
-        if _open_valid(data, has_floats):
+        if _open_valid(data, checkable):
             for error in errors:
                 for detail in _unknown_fields(error) or [_deepest(error)]:
                     yield Finding(
@@ -383,7 +418,7 @@ def schema_findings(
                 yield Finding(code="unknown-field", json_path="$",
                               message=f"ignored {more} more unknown field(s), not listed")
             return
-        errors, more = _first_errors(_open_validator(), data, _locate(data, True, has_floats))
+        errors, more = _first_errors(_open_validator(), data, _locate(data, True, checkable))
     for error in errors:
         detail = _deepest(error)
         tensor = None

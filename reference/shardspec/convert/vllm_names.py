@@ -5,10 +5,17 @@ then its v rows (``num_attention_heads / tp`` query heads and ``num_key_value_he
 key/value heads), and its ``...mlp.gate_up_proj.weight`` its gate rows then its up rows. Under
 grouped-query attention such a piece is not a slice of one global tensor, so the fused tensors
 are rank-local (SPEC 7.5).
+
+vLLM's ``sharded_state`` loader fills the model's whole ``state_dict()``, buffers included, and
+refuses a directory that lacks one. vLLM's ``Attention`` layer (at ``...self_attn.attn``)
+registers four float32 scalars, ``_k_scale``, ``_v_scale``, ``_q_scale`` and ``_prob_scale``
+(vLLM 0.32/0.33), which its default loader leaves at 1.0 for a checkpoint without KV-cache
+scales; each attention layer gets them here with that value, replicated on every rank.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +24,7 @@ from .hf import iter_slice
 from .plan import Split, Tied
 from .tp_plan import PlanError
 
-__all__ = ["Fused", "fuse_for_vllm"]
+__all__ = ["ATTENTION_SCALES", "Constant", "Fused", "fuse_for_vllm"]
 
 
 #: vLLM's fusions: (module suffix of the fused parameter, the Hugging Face modules it joins).
@@ -25,6 +32,26 @@ _VLLM_FUSIONS = (
     ("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
     ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")),
 )
+
+
+#: The buffers of vLLM's ``Attention`` layer, and the value its default loader leaves in them.
+ATTENTION_SCALES = {"_k_scale": 1.0, "_v_scale": 1.0, "_q_scale": 1.0, "_prob_scale": 1.0}
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A float32 scalar with a known value, held alike by every rank of its stage."""
+
+    value: float
+    stage: int
+    dtype = "F32"
+    shape: tuple[int, ...] = ()
+
+    def box(self, ep_rank: int, tp_rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return (), ()
+
+    def data(self) -> bytes:
+        return struct.pack("<f", self.value)
 
 
 @dataclass(frozen=True)
@@ -60,9 +87,10 @@ def _config_int(config: Mapping[str, Any], key: str) -> int:
 
 
 def fuse_for_vllm(splits: dict[str, Split | Tied], config: Mapping[str, Any] | None,
-                   tp_size: int) -> dict[str, Split | Tied | Fused]:
+                   tp_size: int) -> dict[str, Split | Tied | Fused | Constant]:
     """``splits`` with vLLM's fused tensors in place of the projections they join (each at
-    the position of its first member); PlanError where vLLM's layout cannot be written."""
+    the position of its first member), and each attention layer's scale buffers
+    (:data:`ATTENTION_SCALES`); PlanError where vLLM's layout cannot be written."""
     config = config or {}
     heads = _config_int(config, "num_attention_heads")
     kv_heads = _config_int(config, "num_key_value_heads") \
@@ -108,7 +136,7 @@ def fuse_for_vllm(splits: dict[str, Split | Tied], config: Mapping[str, Any] | N
         raise PlanError(f"names='vllm' cannot fuse quantized projections: {tied[0]!r} is tied "
                         "to a weight (SPEC 8.4); use names='hf'")
     plain = {n: s for n, s in splits.items() if isinstance(s, Split)}
-    out: dict[str, Split | Tied | Fused] = {}
+    out: dict[str, Split | Tied | Fused | Constant] = {}
     for name, split in plain.items():
         target = fused_at.get(name)
         if target is None:
@@ -140,4 +168,11 @@ def fuse_for_vllm(splits: dict[str, Split | Tied], config: Mapping[str, Any] | N
             raise PlanError(f"names='vllm': the tensors fused into {target!r} are on different "
                             "pipeline stages")
         out[target] = Fused(members, members[0].stage)
+        if target.endswith("self_attn.qkv_proj.weight"):
+            attention = target[: -len("qkv_proj.weight")] + "attn."
+            for buffer, value in ATTENTION_SCALES.items():
+                if attention + buffer in splits:
+                    raise PlanError(f"names='vllm': the checkpoint already holds "
+                                    f"{attention + buffer!r}")
+                out[attention + buffer] = Constant(value, members[0].stage)
     return out

@@ -7,6 +7,7 @@ could not run (no vectors found, Hypothesis missing, a bad command).
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 from pathlib import Path
@@ -82,6 +83,18 @@ class _Shown:  # a runner.Progress, which needs Hypothesis to import
         self._show()
 
 
+def _hypothesis_storage() -> None:
+    """Hypothesis caches data (unicode tables) in ``./.hypothesis`` by default; the suite
+    writes nothing into the current directory, so it uses the user's cache directory instead,
+    unless ``HYPOTHESIS_STORAGE_DIRECTORY`` says where."""
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        return
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    set_hypothesis_home_dir(Path(cache) / "shardspec" / "hypothesis")
+
+
 @app.command("conformance")
 def conformance_command(
     reader: Annotated[str, typer.Option(
@@ -108,8 +121,8 @@ def conformance_command(
         show_default=False)] = None,
     vectors: Annotated[Path | None, typer.Option(
         "--vectors", show_default=False,
-        help="The vectors directory (default: conformance/vectors of this checkout or the "
-        "current directory; the vectors are not in the wheel).")] = None,
+        help="The vectors directory (default: those installed with this package, else "
+        "conformance/vectors of this checkout or of the current directory).")] = None,
     no_vectors: Annotated[bool, typer.Option(
         "--no-vectors", help="Skip the vectors; run generated checkpoints only.")] = False,
     select: Annotated[str | None, typer.Option(
@@ -119,9 +132,10 @@ def conformance_command(
     timeout: Annotated[float, typer.Option(
         "--timeout", min=0.1, help="Seconds one reader call may take before it is killed.")
     ] = 60.0,
-    keep: Annotated[Path, typer.Option(
-        "--keep", help="Where to keep the smallest failing generated checkpoint.")
-    ] = Path("conformance-failures"),
+    keep: Annotated[Path | None, typer.Option(
+        "--keep", show_default=False,
+        help="Where to keep the smallest failing generated checkpoint (default: a new "
+        "temporary directory, named in the report).")] = None,
 ) -> None:
     """Run the conformance suite against READER: the golden vectors, then generated checkpoints.
 
@@ -135,6 +149,7 @@ def conformance_command(
     except ImportError as exc:  # Hypothesis is an optional dependency
         cannot_run(f"the conformance suite needs Hypothesis ({exc}); install it with "
                     "pip install 'shardspec[conformance]'")
+    _hypothesis_storage()
     try:
         default_examples, default_seed = conformance_defaults()
     except ValueError as exc:
@@ -152,8 +167,8 @@ def conformance_command(
     elif vectors is None:
         vectors = find_vectors()
         if vectors is None:
-            cannot_run("no conformance vectors found: run from a shardspec checkout or pass "
-                        "--vectors DIR (they are in the source distribution, not the wheel)")
+            cannot_run("no conformance vectors found (the package was installed without "
+                        "them): pass --vectors DIR, e.g. conformance/vectors of a checkout")
     elif not vectors.is_dir() or not any(vectors.glob("*/vector.json")):
         cannot_run(f"{vectors}: not a directory of conformance vectors")
     if vectors is None and examples == 0:

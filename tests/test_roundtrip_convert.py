@@ -35,7 +35,7 @@ def test_convert_merge_round_trip(tp: int, pp: int, layers: int, tie: bool, bias
                             vocab=16, dtype=dtype, tie=tie, bias=bias, seed=seed)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        src = write_hf_dir(root / "hf", tensors, shards=shards, tie=tie)
+        src = write_hf_dir(root / "hf", tensors, shards=shards, tie=tie, kv_heads=4)
         manifest = convert(src, root / "ckpt", tp_size=tp, pp_size=pp)
         layout = manifest.layout
 

@@ -66,7 +66,7 @@ def test_convert_reshard_merge_round_trip(
                             vocab=16, dtype=dtype, tie=tie, bias=bias, seed=seed)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        src = write_hf_dir(root / "hf", tensors, shards=shards, tie=tie)
+        src = write_hf_dir(root / "hf", tensors, shards=shards, tie=tie, kv_heads=4)
         convert(src, root / "ckpt", tp_size=src_tp, pp_size=src_pp)
         layout = Layout(tp_size=dst_tp, pp_size=dst_pp)
         manifest = reshard(root / "ckpt", root / "resharded", layout)

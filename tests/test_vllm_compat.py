@@ -30,6 +30,7 @@ from shardspec.convert import convert, import_vllm
 from shardspec.format.manifest import Alias, Manifest, TensorRecord
 
 PATTERN = "model-rank-{rank}-part-{part}.safetensors"  # vLLM's DEFAULT_PATTERN
+KV_HEADS = 2
 
 
 def vllm_state_dict(manifest: Manifest, rank: int) -> dict[str, tuple[int, ...]]:
@@ -74,9 +75,11 @@ def vllm_sharded_state_load(directory: Path, rank: int,
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
 @pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.filterwarnings("ignore:the model has 2 key/value heads")
 def test_converted_checkpoint_loads_by_vllm_rules(tmp_path: Path, tp: int, tie: bool) -> None:
-    tensors = llama_tensors(layers=2, tie=tie, dtype=torch.bfloat16)
-    src = write_hf_dir(tmp_path / "hf", tensors, tie=tie)
+    tensors = llama_tensors(layers=2, tie=tie, dtype=torch.bfloat16, heads=4,
+                            kv_heads=KV_HEADS)
+    src = write_hf_dir(tmp_path / "hf", tensors, tie=tie, heads=4, kv_heads=KV_HEADS)
     dst = tmp_path / "ckpt"
     manifest = convert(src, dst, tp_size=tp)
     full = dict(tensors)
@@ -94,6 +97,9 @@ def test_converted_checkpoint_loads_by_vllm_rules(tmp_path: Path, tp: int, tie: 
         for name, tensor in loaded.items():
             dim = expected_split_dim(name)
             want = full[name] if dim is None else torch.chunk(full[name], tp, dim=dim)[rank]
+            if tp > KV_HEADS and (".k_proj." in name or ".v_proj." in name):
+                # vLLM: fewer KV heads than ranks -> KV head r // (tp / kv) on rank r
+                want = torch.chunk(full[name], KV_HEADS, dim=0)[rank // (tp // KV_HEADS)]
             assert torch.equal(tensor, want), name
     # files of no rank beyond the layout match
     assert not glob.glob(str(dst / PATTERN.format(rank=tp, part="*")))

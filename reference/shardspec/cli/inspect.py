@@ -14,7 +14,7 @@ from rich.table import Table
 from ..format.limits import MANIFEST_NAME
 from ..format.manifest import Alias, Manifest, TensorRecord
 from ..format.schema import schema_bytes
-from .app import JsonOpt, PathArg, app, cannot_run, human_size, open_manifest, out
+from .app import JsonOpt, PathArg, cannot_run, command, human_size, open_manifest, out
 
 __all__ = ["files_command", "inspect_command", "schema_command"]
 
@@ -48,7 +48,7 @@ def _inspect_dict(manifest: Manifest) -> dict[str, Any]:
     }
 
 
-@app.command("inspect")
+@command("inspect")
 def inspect_command(
     path: PathArg,
     tensor: Annotated[str | None, typer.Option("--tensor", help="Show how one tensor is split.")
@@ -138,7 +138,7 @@ def _split_dims(record: TensorRecord) -> list[int]:
             if len({(p.offset or ())[d] for p in record.pieces if p.offset}) > 1]
 
 
-@app.command("files")
+@command("files")
 def files_command(
     path: PathArg,
     rank: Annotated[int, typer.Option("--rank", help="The rank whose files to list.", min=0)],
@@ -160,7 +160,7 @@ def files_command(
         sys.stdout.write(name + "\n")
 
 
-@app.command("schema")
+@command("schema")
 def schema_command() -> None:
     """Print the manifest's JSON Schema (the one shipped with this package)."""
     sys.stdout.write(schema_bytes().decode("utf-8"))

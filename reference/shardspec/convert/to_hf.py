@@ -169,7 +169,7 @@ def _tie_partner(manifest: Manifest) -> str | None:
 
 
 def _prepare_hf_directory(root: Path, overwrite: bool) -> None:
-    existing = claim_directory(root, overwrite)
+    existing = claim_directory(root, overwrite, leftovers=False)
     if not existing:
         return
     uncommit(root)

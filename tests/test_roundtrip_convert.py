@@ -7,6 +7,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from shardspec.convert import convert, merge
 from shardspec.format.stages import assign_stages
 
 
+@pytest.mark.filterwarnings("ignore:pipeline stage")  # more stages than layers: announced
 @settings(max_examples=25)
 @given(
     tp=st.sampled_from([1, 2, 4]),

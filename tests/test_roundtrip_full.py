@@ -16,6 +16,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -43,6 +44,7 @@ def _assert_bitwise(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
     assert raw_bytes(got) == raw_bytes(want), name
 
 
+@pytest.mark.filterwarnings("ignore:pipeline stage")  # more stages than layers: announced
 @settings(max_examples=20, deadline=None)
 @given(
     src_tp=st.sampled_from([1, 2, 4]),

@@ -185,6 +185,11 @@ def command(name: str) -> Callable[[F], F]:
                     return func(*args, **kwargs)
                 except ShardspecError as exc:
                     fail(exc.finding)
+                except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (shardspec.cli.main)
+                    # what was being written has been cleaned up on the way here
+                    term = type(exc).__name__ == "Terminated"
+                    err.print("terminated" if term else "interrupted")
+                    raise typer.Exit(143 if term else 130) from None
                 except OSError as exc:
                     cannot_run(_os_message(exc))
                 except _CANNOT_RUN as exc:

@@ -138,8 +138,10 @@ def merge_command(
     max_shard_size: Annotated[str, typer.Option(
         "--max-shard-size", help="Cap on one shard, as Hugging Face counts it (5GB = 5e9 "
         "bytes).")] = "5GB",
-    verify: Annotated[bool, flag("--verify", help="Verify every checksum first.")
-                      ] = False,
+    verify: Annotated[bool, typer.Option(
+        "--verify/--no-verify", metavar="",
+        help="Verify every checksum of the source before writing (default); --no-verify trusts "
+        "it.")] = True,
     overwrite: Annotated[bool, flag("--overwrite",
                                             help="Replace the weights in DST.")] = False,
 ) -> None:

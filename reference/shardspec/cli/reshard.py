@@ -48,9 +48,11 @@ def reshard_command(
         max=65536)] = None,
     overwrite: Annotated[bool, flag(
         "--overwrite", help="Replace a checkpoint already in DESTINATION.")] = False,
-    verify: Annotated[bool, flag(
-        "--verify", help="Also check the sha256 of every source file read (reads them whole).")
-    ] = False,
+    verify: Annotated[bool, typer.Option(
+        "--verify/--no-verify", metavar="",
+        help="Check the sha256 of every source data file, once each as it is first read, so "
+        "corrupt bytes are refused rather than written again under fresh checksums; "
+        "--no-verify trusts the source.")] = True,
     ignore_extension: Annotated[list[str] | None, typer.Option(
         "--ignore-extension", help="A must-understand extension known to be safe to ignore.")
     ] = None,

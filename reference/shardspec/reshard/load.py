@@ -9,13 +9,14 @@ and compared with the manifest (7.2) before any of its data is read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-from ..format.dtypes import DTYPES, torch_layout
+from ..format.dtypes import DTYPES, byte_size, torch_layout
 from ..format.errors import Finding, IntegrityError
 from ..format.integrity import Readable, digest_stream
 from ..format.manifest import FileRecord, Layout, Manifest
@@ -79,12 +80,17 @@ def execute_reshard(
     stats: ReadStats | None = None,
     separate: bool = False,
     gap_budget: float | None = None,
+    verified: set[str] | None = None,
+    on_read: Callable[[int], None] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Read ``plan``'s pieces onto ``device``; aliases share their target's storage.
 
     The pieces are filled in one host buffer (``separate``: one allocation per tensor, as a
     writer wants them), moved to ``device`` at the end. ``gap_budget`` (from object storage;
     default :data:`REMOTE_GAP_BUDGET`) bounds the gap bytes fetched to save requests.
+    ``verified``: with ``verify``, the source files already hashed by earlier calls (a writer
+    resharding rank after rank hashes each file once); the files hashed now are added.
+    ``on_read(n)`` is called as each source file's boxes are in, with their bytes.
     """
     budget = REMOTE_GAP_BUDGET if gap_budget is None else gap_budget
     stats = stats if stats is not None else ReadStats()
@@ -100,9 +106,25 @@ def execute_reshard(
     work = [(file_plans[path], file_jobs, ReadStats())
             for (_, path), file_jobs in sorted(jobs.items())]
 
+    done = verified if verified is not None else set()
+    lock = threading.Lock()
+
     def read(item: tuple[FilePlan, list[tuple[str, TargetPiece, SourcePiece]], ReadStats]
              ) -> None:
-        _read_file(root, item[0], item[1], out, Scratch(), item[2], verify, budget)
+        path = item[0].record.path
+        with lock:  # each file is hashed by one call only
+            hash_it = verify and path not in done
+            done.add(path)
+        try:
+            _read_file(root, item[0], item[1], out, Scratch(), item[2], hash_it, budget)
+        except BaseException:
+            with lock:
+                done.discard(path)  # not verified after all
+            raise
+        if on_read is not None:
+            count = sum(byte_size(DTYPES[t.dtype], s.box_shape) or 0 for _, t, s in item[1])
+            with lock:
+                on_read(count)
 
     # Files are read concurrently: reads of different files overlap each other and the copies
     # (preadv and numpy's copy release the GIL). Each file's boxes land in disjoint bytes.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,8 @@ from hf_helpers import llama_tensors, load_hf_dir, write_hf_dir
 from shardspec.convert import convert, merge
 from shardspec.convert.tp_plan import PlanError, PlanWarning
 from shardspec.format.heads import HeadsError, heads_of_rank, kv_head_replicas
-from shardspec.format.manifest import TensorRecord
+from shardspec.format.manifest import Layout, TensorRecord
+from shardspec.reshard import reshard
 
 # --- the rule, against cases worked out by hand from vLLM's QKVParallelLinear ---------------
 
@@ -141,7 +143,7 @@ def test_fused_qkv_is_not_split(tmp_path: Path) -> None:
         "base_model_tp_plan": {"layers.*.self_attn.qkv_proj": "colwise",
                                "layers.*.self_attn.o_proj": "rowwise",
                                "layers.*.mlp.*": "replicate"}})
-    with pytest.raises(PlanError, match=r"qkv_proj\.weight' fuses query, key and value"):
+    with pytest.raises(PlanError, match=r"qkv_proj\.weight': it fuses query, key and value"):
         convert(src, tmp_path / "ckpt", tp_size=2)
 
 
@@ -163,6 +165,48 @@ def test_mla_kv_b_proj_splits_by_query_heads(tmp_path: Path) -> None:
     with pytest.raises(PlanError, match=r"kv_b_proj.*4 query heads cannot be dealt evenly to 8"
                        r"|o_proj.*4 query heads cannot be dealt evenly to 8"):
         convert(src, tmp_path / "tp8", tp_size=8)
+
+
+# --- resharding keeps heads whole -----------------------------------------------------------
+
+
+# (a TP=1 source has no split to infer: resharding it replicates, see the reshard guide)
+@pytest.mark.parametrize(("source_tp", "target_tp"), [(2, 4), (4, 2), (4, 1), (2, 1)])
+def test_reshard_cuts_heads_as_convert_does(tmp_path: Path, source_tp: int, target_tp: int
+                                            ) -> None:
+    src, tensors = _gqa(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)
+        convert(src, tmp_path / "source", tp_size=source_tp)
+        direct = convert(src, tmp_path / "direct", tp_size=target_tp)
+    resharded = reshard(tmp_path / "source", tmp_path / "out", Layout(tp_size=target_tp))
+    assert shardspec.validate(tmp_path / "out", checksums=True).ok
+    for name in ("model.layers.0.self_attn.k_proj.weight",
+                 "model.layers.1.self_attn.v_proj.bias",
+                 "model.layers.0.self_attn.q_proj.weight",
+                 "model.layers.1.self_attn.o_proj.weight"):
+        got, want = resharded.tensors[name], direct.tensors[name]
+        assert isinstance(got, TensorRecord) and isinstance(want, TensorRecord)
+        assert [(p.rank, p.offset, p.shape, p.replica) for p in got.pieces] == \
+            [(p.rank, p.offset, p.shape, p.replica) for p in want.pieces], name
+    for rank in range(target_tp):
+        got = shardspec.load_rank(tmp_path / "out", rank, device="cpu")
+        on_load = shardspec.load_rank(tmp_path / "source", rank, device="cpu",
+                                      layout=Layout(tp_size=target_tp))
+        want = shardspec.load_rank(tmp_path / "direct", rank, device="cpu")
+        for name, tensor in want.items():
+            assert raw_bytes(got[name]) == raw_bytes(tensor), (rank, name)
+            assert raw_bytes(on_load[name]) == raw_bytes(tensor), (rank, name)
+
+
+def test_reshard_refuses_a_tp_size_the_query_heads_refuse(tmp_path: Path) -> None:
+    src, _ = _gqa(tmp_path)
+    convert(src, tmp_path / "source", tp_size=2)
+    with pytest.raises(shardspec.RequestError, match=r"4 query heads cannot be dealt evenly to "
+                       r"8.*num_attention_heads 4, num_key_value_heads 2") as info:
+        reshard(tmp_path / "source", tmp_path / "out", Layout(tp_size=8))
+    assert info.value.code == "reshard-unsupported"
+    assert not (tmp_path / "out" / "shardspec.json").exists()
 
 
 # --- experts and stages -------------------------------------------------------------------------

@@ -110,6 +110,9 @@ JsonOpt = Annotated[bool, flag("--json", help="Print a JSON object instead of te
                                "too).")]
 
 
+#: The width of output that is not a terminal: wide enough that no file or tensor name is cut.
+UNCUT_WIDTH = 1 << 16
+
 #: Whether the running command was given --json: errors then go to stdout as JSON.
 _json_output = False
 
@@ -178,6 +181,10 @@ def command(name: str) -> Callable[[F], F]:
         def run(*args: Any, **kwargs: Any) -> Any:
             global _json_output
             _json_output = bool(kwargs.get("as_json", False))
+            widths = [(console, console._width) for console in (out, err)]
+            for console in (out, err):
+                if not console.is_terminal:  # a pipe or a file: never cut a line short
+                    console.width = UNCUT_WIDTH
             with warnings.catch_warnings():
                 warnings.simplefilter("always")
                 warnings.showwarning = _show_warning
@@ -196,6 +203,8 @@ def command(name: str) -> Callable[[F], F]:
                     cannot_run(str(exc))
                 finally:
                     _json_output = False
+                    for console, width in widths:
+                        console._width = width
 
         app.command(name)(run)
         return cast("F", run)

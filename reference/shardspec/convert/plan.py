@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..format.experts import expert_rank, find_experts
+from ..format.heads import HeadCounts, HeadsError, Kind, head_counts, head_kind
 from ..format.manifest import Layout, Logical, TensorRecord, Tie
 from ..format.stages import assign_stages, layer_index
 from ..format.ties import Box, packing, tied_box
 from . import fp8
-from .heads import HeadCounts, Kind, head_counts, head_kind, head_runs, query_first
+from .heads import cut_heads, query_first
 from .hf import HFSource, SourceTensor
 from .quantized import Base, Quantized, find_quantized
 from .tp_plan import PlanError, TPPlan, match_pattern, resolve_plan, split_dim, split_sizes
@@ -236,7 +237,10 @@ def plan_splits(
                             "divide the number of experts)")
     stage_of = assign_stages(list(sources) + sorted(computed), layout.pp_size,
                              _expand_stages(list(sources), stages))
-    counts = head_counts(source.config)
+    try:
+        counts = head_counts(source.config)
+    except HeadsError as exc:
+        raise PlanError(str(exc)) from None
     ties_of: dict[str, list[Tie]] = {}
     for tie in ties.values():
         ties_of.setdefault(tie.tensor, []).append(tie)
@@ -347,7 +351,7 @@ def _head_aligned(name: str, kind: Kind, length: int, parts: int, unit: int, dim
                   counts: HeadCounts | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The runs of whole heads each rank holds (:func:`head_runs`), refused where one would
     end inside a block or pack of ``unit`` elements (SPEC 8.4)."""
-    starts, sizes, _ = head_runs(name, kind, length, parts, counts)
+    starts, sizes = cut_heads(name, kind, length, parts, counts)
     for start, size in zip(starts, sizes, strict=True):
         for edge in (start, start + size):
             if edge % unit and edge != length:

@@ -33,7 +33,7 @@ from ..write.save import (
     prepare_directory,
     write_rank,
 )
-from .load import execute_reshard
+from .load import checkpoint_heads, execute_reshard
 from .plan import Resharder, ReshardPlan
 
 __all__ = ["rank_info", "reshard"]
@@ -85,7 +85,7 @@ def reshard(
     raise_first_error(parsed.findings)
     assert parsed.manifest is not None, "no errors means the manifest was built"
     manifest = parsed.manifest
-    resharder = Resharder(manifest, layout)
+    resharder = Resharder(manifest, layout, heads=checkpoint_heads(src, manifest))
     plans = [resharder.plan(rank) for rank in range(layout.size)]
     logical = {name: r.logical for name, r in manifest.tensors.items()
                if isinstance(r, TensorRecord) and r.logical is not None}

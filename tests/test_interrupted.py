@@ -115,3 +115,14 @@ def test_a_directory_with_other_files_still_needs_overwrite(tmp_path: Path) -> N
     convert(src, tmp_path / "done", tp_size=1)
     with pytest.raises(FileExistsError, match="holds a checkpoint"):
         convert(src, tmp_path / "done", tp_size=1)
+
+
+def test_the_readme_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                        ) -> None:
+    readme = (REFERENCE.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Python usage", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})  # noqa: S102 - the README's own example
+    assert shardspec.validate(tmp_path / "ckpt", checksums=True).ok
+    assert (tmp_path / "ckpt" / "config.json").exists()

@@ -34,6 +34,7 @@ __all__ = [
     "head_counts",
     "head_kind",
     "head_runs",
+    "head_slices",
     "heads_of_rank",
     "is_query_tensor",
     "kv_head_replicas",
@@ -192,3 +193,13 @@ def head_runs(kind: Kind, length: int, tp_size: int, counts: HeadCounts | None
         starts.append(run.start * unit)
         sizes.append(len(run) * unit)
     return tuple(starts), tuple(sizes)
+
+
+def head_slices(name: str, shape: tuple[int, ...], dim: int, tp_size: int,
+                counts: HeadCounts | None) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """:func:`head_runs` of tensor ``name`` split along ``dim`` where it holds heads along it
+    and the counts are known; None where the rule does not apply (resharding's rule 11)."""
+    if counts is None or tp_size == 1:
+        return None
+    kind = head_kind(name, dim, len(shape))
+    return None if kind is None else head_runs(kind, shape[dim], tp_size, counts)

@@ -41,7 +41,7 @@ from ..format.checks import _first_overlap
 from ..format.dtypes import DTYPES, byte_size
 from ..format.errors import Finding, error_for
 from ..format.experts import ExpertTensor, expert_rank, find_experts
-from ..format.heads import HeadCounts, HeadsError, head_kind, head_runs
+from ..format.heads import HeadCounts, HeadsError, head_slices
 from ..format.manifest import Alias, Layout, Manifest, Piece, TensorRecord
 from ..format.stages import assign_stages
 from ..format.ties import tied_box
@@ -180,9 +180,8 @@ class Resharder:
 
     ``split_dims`` overrides the inferred split dimension of named tensors (None: replicate),
     e.g. to split tensors of a TP=1 checkpoint, from which no split can be inferred. ``heads``
-    (the model's head counts, from its ``config.json``) cuts the tensors that hold attention
-    heads on head boundaries, as ``convert`` does (:mod:`shardspec.format.heads`: key/value
-    heads replicated past their number, a TP size the query heads refuse refused).
+    (from ``config.json``) cuts tensors holding attention heads in whole heads, as ``convert``
+    does (rule 11, :mod:`shardspec.format.heads`).
     Raises :class:`shardspec.RequestError` (``reshard-rank-local``, ``reshard-unsupported``)
     when the checkpoint cannot be resharded to ``layout``.
     """
@@ -398,21 +397,17 @@ class Resharder:
 
     def _head_runs(self, name: str, shape: tuple[int, ...], region: _Region
                    ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-        """Each tp rank's (start, size) of whole heads along the region's split dim, where the
-        tensor holds heads along it, the head counts are known and the region is all of it."""
-        dim, tp_size = region.dim, self.layout.tp_size
-        if self._heads is None or dim is None or tp_size == 1 \
-                or region.box[1][dim] != shape[dim]:
-            return None
-        kind = head_kind(name, dim, len(shape))
-        if kind is None:
+        """Each tp rank's run of whole heads along the region's split dim (rule 11)."""
+        dim = region.dim
+        if dim is None or region.box[1][dim] != shape[dim]:
             return None
         try:
-            return head_runs(kind, shape[dim], tp_size, self._heads)
+            return head_slices(name, shape, dim, self.layout.tp_size, self._heads)
         except HeadsError as exc:
-            _refuse("reshard-unsupported", f"{exc} (num_attention_heads "
-                    f"{self._heads.num_heads}, num_key_value_heads {self._heads.num_kv_heads} "
-                    f"in config.json, tp_size {tp_size})", tensor=name,
+            assert self._heads is not None
+            _refuse("reshard-unsupported", f"{exc} (num_attention_heads {self._heads.num_heads}"
+                    f", num_key_value_heads {self._heads.num_kv_heads} in config.json, tp_size "
+                    f"{self.layout.tp_size})", tensor=name,
                     hint="choose a tp_size that deals whole attention heads to every rank")
 
     def _slice(self, name: str, bits: int, region: _Region, tp_rank: int,

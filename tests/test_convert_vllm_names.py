@@ -135,7 +135,7 @@ def test_vllm_names_refused_when_kv_heads_fewer_than_ranks(tmp_path: Path) -> No
 
 
 def test_vllm_names_need_head_counts(tmp_path: Path) -> None:
-    src = write_hf_dir(tmp_path / "hf", llama_tensors(layers=1))
+    src = write_hf_dir(tmp_path / "hf", llama_tensors(layers=1), heads=None)
     with pytest.raises(PlanError, match="num_attention_heads"):
         convert(src, tmp_path / "ckpt", tp_size=2, names="vllm")
 

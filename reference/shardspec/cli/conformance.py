@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 import typer
 from rich.text import Text
 
-from .app import EXIT_INVALID, EXIT_OK, app, cannot_run, err, out
+from .app import EXIT_INVALID, EXIT_OK, cannot_run, command, err, flag, out
 
 if TYPE_CHECKING:
     from ..testing.checks import CheckResult
@@ -95,18 +95,18 @@ def _hypothesis_storage() -> None:
     set_hypothesis_home_dir(Path(cache) / "shardspec" / "hypothesis")
 
 
-@app.command("conformance")
+@command("conformance")
 def conformance_command(
     reader: Annotated[str, typer.Option(
         "--reader", show_default=False,
         help="The reader under test, a command called as CMD CHECKPOINT_DIR RANK OUTPUT_FILE "
         "(see conformance/README.md), e.g. \"python conformance/examples/minimal_reader.py\".")],
-    batch: Annotated[bool, typer.Option(
+    batch: Annotated[bool, flag(
         "--batch", help="Start the reader once and send it one request a line on stdin "
         "(CHECKPOINT_DIR, RANK, OUTPUT_FILE, IGNORE_EXTENSIONS, tab-separated); it answers "
         "'ok' or 'error ...' a line. For readers slow to start (anything importing torch).")
     ] = False,
-    quick: Annotated[bool, typer.Option(
+    quick: Annotated[bool, flag(
         "--quick", help=f"A fast run while iterating: each vector on its first rank only, "
         f"{QUICK_EXAMPLES} generated checkpoints, no shrinking.")] = False,
     seed: Annotated[int | None, typer.Option(
@@ -123,7 +123,7 @@ def conformance_command(
         "--vectors", show_default=False,
         help="The vectors directory (default: those installed with this package, else "
         "conformance/vectors of this checkout or of the current directory).")] = None,
-    no_vectors: Annotated[bool, typer.Option(
+    no_vectors: Annotated[bool, flag(
         "--no-vectors", help="Skip the vectors; run generated checkpoints only.")] = False,
     select: Annotated[str | None, typer.Option(
         "--select", help="Run only the vectors whose id matches one of these comma-separated "
@@ -158,7 +158,7 @@ def conformance_command(
         examples = QUICK_EXAMPLES if quick else default_examples
     seed = default_seed if seed is None else seed
     try:
-        command: CommandReader | BatchReader = (BatchReader if batch else CommandReader)(
+        under_test: CommandReader | BatchReader = (BatchReader if batch else CommandReader)(
             reader, timeout=timeout)
     except ValueError as exc:
         cannot_run(f"--reader {shlex.quote(reader)}: {exc}")
@@ -176,12 +176,12 @@ def conformance_command(
     started = time.monotonic()
     try:
         with _Shown() as shown:
-            result = run_suite(command, vectors=vectors, examples=examples, seed=seed,
+            result = run_suite(under_test, vectors=vectors, examples=examples, seed=seed,
                                keep=keep, select=select, progress=cast("Progress", shown),
                                quick=quick)
     finally:
-        if isinstance(command, BatchReader):
-            command.close()
+        if isinstance(under_test, BatchReader):
+            under_test.close()
     if not result.results:
         cannot_run(f"no check ran (--select {select!r} matches no vector?)")
     print_report(result, out)

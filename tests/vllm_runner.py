@@ -33,6 +33,9 @@ def main() -> None:
               dtype=request.get("dtype", "bfloat16"), seed=0,
               distributed_executor_backend="mp" if tp * pp > 1 else None)
     seconds = time.perf_counter() - started
+    if not request.get("generate", True):  # the load alone (vLLM's CPU build cannot run PP)
+        print("RESULT " + json.dumps({"tokens": [], "logprobs": [], "seconds": seconds}))
+        return
     params = SamplingParams(max_tokens=int(request.get("max_tokens", 8)), temperature=0.0,
                             logprobs=1)
     outputs = llm.generate([{"prompt_token_ids": p} for p in request["prompts"]], params)

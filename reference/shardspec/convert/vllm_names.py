@@ -11,6 +11,10 @@ refuses a directory that lacks one. vLLM's ``Attention`` layer (at ``...self_att
 registers four float32 scalars, ``_k_scale``, ``_v_scale``, ``_q_scale`` and ``_prob_scale``
 (vLLM 0.32/0.33), which its default loader leaves at 1.0 for a checkpoint without KV-cache
 scales; each attention layer gets them here with that value, replicated on every rank.
+
+vLLM pads the vocabulary of the embedding and the LM head to a multiple of 64 rows and gives
+each rank an equal run of the padded rows (:func:`vocab_rows`); each rank's tensor is that run,
+zero rows included (rank-local, :class:`PaddedVocab`).
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..format.dtypes import byte_size
 from .hf import iter_slice
 from .plan import Split, Tied
 from .tp_plan import PlanError
 
-__all__ = ["ATTENTION_SCALES", "Constant", "Fused", "fuse_for_vllm"]
+__all__ = ["ATTENTION_SCALES", "VOCAB_PADDING", "Constant", "Fused", "PaddedVocab",
+           "fuse_for_vllm", "vocab_rows"]
 
 
 #: vLLM's fusions: (module suffix of the fused parameter, the Hugging Face modules it joins).
@@ -76,6 +82,41 @@ class Fused:
             assert box is not None
             start = box[0][0]
             yield from iter_slice(member.source, 0, start, start + box[1][0])
+
+
+#: vLLM pads the vocabulary of its embedding and LM head to a multiple of this
+#: (DEFAULT_VOCAB_PADDING_SIZE) and gives each tensor-parallel rank an equal run of the padded rows.
+VOCAB_PADDING = 64
+_VOCAB_TENSORS = ("embed_tokens.weight", "lm_head.weight")
+
+
+def vocab_rows(vocab: int, tp_size: int, tp_rank: int, padding: int = VOCAB_PADDING
+               ) -> tuple[int, int, int]:
+    """(first row, rows of the vocabulary, rows in all) of rank ``tp_rank``'s run of a
+    vocabulary of ``vocab`` rows padded as vLLM pads it; the rest of its run is padding."""
+    per_rank = -(-vocab // padding) * padding // tp_size
+    start = min(tp_rank * per_rank, vocab)
+    return start, min(start + per_rank, vocab) - start, per_rank
+
+
+@dataclass(frozen=True)
+class PaddedVocab(Fused):
+    """vLLM's shard of an embedding or LM head: the rank's run of the padded vocabulary, its
+    rows of the tensor followed by zero rows (what vLLM's default loader leaves there)."""
+
+    tp_size: int = 1
+
+    def shape(self, tp_rank: int) -> tuple[int, ...]:
+        source = self.members[0].source
+        return (vocab_rows(source.shape[0], self.tp_size, tp_rank)[2], *source.shape[1:])
+
+    def chunks(self, tp_rank: int) -> Iterator[bytes | bytearray]:
+        source = self.members[0].source
+        start, rows, per_rank = vocab_rows(source.shape[0], self.tp_size, tp_rank)
+        yield from iter_slice(source, 0, start, start + rows)
+        padding = byte_size(source.dtype, (per_rank - rows, *source.shape[1:]))
+        if padding:
+            yield bytes(padding)
 
 
 def _config_int(config: Mapping[str, Any], key: str) -> int:
@@ -139,6 +180,9 @@ def fuse_for_vllm(splits: dict[str, Split | Tied], config: Mapping[str, Any] | N
     out: dict[str, Split | Tied | Fused | Constant] = {}
     for name, split in plain.items():
         target = fused_at.get(name)
+        if target is None and name.endswith(_VOCAB_TENSORS) and split.dim == 0:
+            out[name] = PaddedVocab((split,), split.stage, tp_size)
+            continue
         if target is None:
             out[name] = split
             continue

@@ -8,9 +8,9 @@ tests fill that memory with NaN to prove it never is). The rules, as vLLM 0.3x a
 
 - a column-parallel weight (its dim 0 split) or a row-parallel one (its last dim split): the
   ``tp_rank``-th of ``tp_size`` equal runs (vLLM requires them equal);
-- key and value projections when ``tp_size`` exceeds the key/value heads: vLLM replicates each
-  key/value head on ``tp_size / num_key_value_heads`` consecutive ranks, so a rank needs the
-  rows of head ``tp_rank // replicas``;
+- key and value projections: the rows of the rank's key/value heads
+  (:func:`shardspec.format.heads.heads_of_rank`: when ``tp_size`` exceeds the key/value heads,
+  vLLM replicates each on ``tp_size / num_key_value_heads`` consecutive ranks);
 - the embedding and the LM head: the vocabulary is padded to a multiple of ``vocab_padding``
   and cut into equal runs, so a rank needs its run less the padding;
 - routed experts under expert parallelism: whole (vLLM picks the worker's experts);
@@ -30,13 +30,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...convert.tp_plan import PlanError, TPPlan, resolve_plan, split_dim
+from ...convert.vllm_names import VOCAB_PADDING, vocab_rows
+from ...format.heads import HeadsError, heads_of_rank
 from ...reshard.plan import Box, slice_of
 from .layouts import EngineRank
 
 __all__ = ["Heads", "plan_for", "vllm_box"]
-
-#: What the vocabulary is padded to a multiple of (vLLM's DEFAULT_VOCAB_PADDING_SIZE).
-VOCAB_PADDING = 64
 
 _VOCAB_TENSORS = ("embed_tokens.weight", "lm_head.weight")
 _KV_MODULES = ("k_proj", "v_proj")
@@ -95,14 +94,13 @@ def vllm_box(
         return whole
     size = shape[dim]
     if name.endswith(_VOCAB_TENSORS) and dim == 0:
-        padded = -(-size // vocab_padding) * vocab_padding
-        per_rank = padded // rank.tp_size
-        start = min(rank.tp_rank * per_rank, size)
-        length = min(start + per_rank, size) - start
-    elif _is_kv(name) and dim == 0 and heads is not None and rank.tp_size > heads.kv \
-            and size == heads.kv * heads.head_dim:
-        replicas = rank.tp_size // heads.kv
-        start, length = (rank.tp_rank // replicas) * heads.head_dim, heads.head_dim
+        start, length, _ = vocab_rows(size, rank.tp_size, rank.tp_rank, vocab_padding)
+    elif _is_kv(name) and dim == 0 and heads is not None and size == heads.kv * heads.head_dim:
+        try:  # the same rule convert and resharding cut heads by
+            held = heads_of_rank(rank.tp_rank, rank.tp_size, heads.attention, heads.kv).kv
+        except HeadsError:
+            return whole  # vLLM refuses these counts itself
+        start, length = held.start * heads.head_dim, len(held) * heads.head_dim
     else:
         start, length = slice_of(size, rank.tp_size, rank.tp_rank)
     offset = tuple(start if d == dim else 0 for d in range(len(shape)))

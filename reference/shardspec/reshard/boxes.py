@@ -5,7 +5,8 @@ and in the target (a column-parallel slice, a replicated tensor) is read straigh
 target's memory; others (a row-parallel slice) are read into a scratch buffer and copied with one
 strided copy. From a local file, runs less than :data:`COALESCE_GAP` apart are read as one, and
 reads that follow each other are gathered into one ``preadv``; from object storage every run of
-an object is planned together into ranged requests (:func:`requests_for`).
+an object is planned together into ranged requests (:func:`requests_for`), and so is every run
+of a local file read through :class:`BudgetedFileReads`, which bounds the gap bytes read.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .plan import SourcePiece, TargetPiece
 
 __all__ = [
     "COALESCE_GAP",
+    "BudgetedFileReads",
     "FileReads",
     "ReadStats",
     "RemoteReads",
@@ -127,7 +129,7 @@ def _extent(box: list[int], strides: list[int], start: int) -> int:
 
 
 def read_box(
-    reads: FileReads | RemoteReads,
+    reads: FileReads | BudgetedFileReads | RemoteReads,
     header: Header,
     name: str,
     target: TargetPiece,
@@ -230,6 +232,70 @@ class FileReads:
     def then(self, copy: Callable[[], object]) -> None:
         """Run ``copy`` once the reads so far are done (they are: :meth:`read` waits)."""
         copy()
+
+
+class BudgetedFileReads:
+    """One local file's reads, planned together as :class:`RemoteReads` plans an object's:
+    every wanted run is gathered, the smallest gaps are bridged while the bytes read beyond the
+    wanted ones, the file's header (``header_bytes``) included, stay within ``gap_budget`` x
+    the wanted bytes, and each resulting span is one ``preadv`` (in groups of
+    the system's IOV_MAX), its gaps landing in a discard buffer. A row-parallel slice of
+    row-split pieces (FSDP -> TP) is then read row by row instead of whole. Copies out of
+    scratch buffers run after the reads."""
+
+    #: Every gap is left to :meth:`flush`'s budget.
+    coalesce_gap = 0
+
+    def __init__(self, fd: int, stats: ReadStats, path: str, gap_budget: float,
+                 header_bytes: int = 0) -> None:
+        self.fd, self.stats, self.path, self.gap_budget = fd, stats, path, gap_budget
+        self.header_bytes = header_bytes
+        self.targets: list[tuple[int, memoryview]] = []
+        self.copies: list[Callable[[], object]] = []
+
+    def add(self, position: int, into: torch.Tensor) -> None:
+        view = memoryview(into.numpy())  # type: ignore[arg-type]
+        if len(view):
+            self.targets.append((position, view))
+
+    read = add
+
+    def barrier(self) -> None:
+        """Nothing: every run of the file is planned together in :meth:`flush`."""
+
+    def then(self, copy: Callable[[], object]) -> None:
+        self.copies.append(copy)
+
+    def flush(self) -> None:
+        targets = sorted(self.targets, key=lambda target: target[0])
+        self.targets = []
+        wanted = sum(len(view) for _, view in targets)
+        allowance = max(0.0, self.gap_budget * wanted - self.header_bytes)
+        spans = requests_for(targets, allowance, 1 << 62)
+        gaps = [max(0, position - p - len(v)) for _, _, inside in spans
+                for (p, v), (position, _) in itertools.pairwise(inside)]
+        discard = memoryview(bytearray(max(gaps, default=0)))
+        for start, _, inside in spans:
+            views: list[memoryview] = []
+            cursor = start
+            for position, view in inside:
+                if position < cursor:  # overlapping runs: read this one on its own
+                    self.stats.reads += pread_into(self.fd, [view], position, self.path)
+                    self.stats.data_bytes += len(view)
+                    continue
+                if position > cursor:
+                    views.append(discard[: position - cursor])
+                views.append(view)
+                cursor = position + len(view)
+            at = start
+            for group in range(0, len(views), _IOV_MAX):
+                batch = views[group : group + _IOV_MAX]
+                self.stats.reads += pread_into(self.fd, list(batch), at, self.path)
+                at += sum(map(len, batch))
+            self.stats.data_bytes += at - start
+        copies, self.copies = self.copies, []
+        for copy in copies:
+            copy()
 
 
 class RemoteReads:

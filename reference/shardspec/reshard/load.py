@@ -25,7 +25,7 @@ from ..load.plan import FilePlan, plan_ranks
 from ..storage.paths import open_inside
 from ..storage.remote import RemoteRoot
 from ..storage.remote_files import PARTIAL_HEADER_PROBE, RemoteReader, open_object
-from .boxes import FileReads, ReadStats, RemoteReads, Scratch, read_box
+from .boxes import BudgetedFileReads, FileReads, ReadStats, RemoteReads, Scratch, read_box
 from .plan import Resharder, ReshardPlan, SourcePiece, TargetPiece
 
 __all__ = [
@@ -79,12 +79,15 @@ def execute_reshard(
     stats: ReadStats | None = None,
     separate: bool = False,
     gap_budget: float | None = None,
+    local_gap_budget: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """Read ``plan``'s pieces onto ``device``; aliases share their target's storage.
 
     The pieces are filled in one host buffer (``separate``: one allocation per tensor, as a
     writer wants them), moved to ``device`` at the end. ``gap_budget`` (from object storage;
     default :data:`REMOTE_GAP_BUDGET`) bounds the gap bytes fetched to save requests.
+    ``local_gap_budget`` bounds them the same way from local files (None: every gap under
+    :data:`~shardspec.reshard.boxes.COALESCE_GAP` is read, fewer calls for more bytes).
     """
     budget = REMOTE_GAP_BUDGET if gap_budget is None else gap_budget
     stats = stats if stats is not None else ReadStats()
@@ -102,7 +105,8 @@ def execute_reshard(
 
     def read(item: tuple[FilePlan, list[tuple[str, TargetPiece, SourcePiece]], ReadStats]
              ) -> None:
-        _read_file(root, item[0], item[1], out, Scratch(), item[2], verify, budget)
+        _read_file(root, item[0], item[1], out, Scratch(), item[2], verify, budget,
+                   local_gap_budget)
 
     # Files are read concurrently: reads of different files overlap each other and the copies
     # (preadv and numpy's copy release the GIL). Each file's boxes land in disjoint bytes.
@@ -169,6 +173,7 @@ def _read_file(
     stats: ReadStats,
     verify: bool,
     gap_budget: float,
+    local_gap_budget: float | None = None,
 ) -> None:
     if isinstance(root, RemoteRoot):
         _read_remote_file(root, plan, jobs, out, stats, verify, gap_budget)
@@ -187,10 +192,15 @@ def _read_file(
         if verify:
             handle.seek(0)
             _verify(handle, record, stats)
-        reads = FileReads(handle.fileno(), stats, record.path)
         jobs = sorted(jobs, key=lambda job: header.entries[job[0]].begin)
+        if local_gap_budget is None:
+            reads: FileReads | BudgetedFileReads = FileReads(handle.fileno(), stats, record.path)
+        else:  # reads wait for flush: each box gets a scratch buffer of its own
+            reads = BudgetedFileReads(handle.fileno(), stats, record.path, local_gap_budget,
+                                      header.data_start)
         for name, target, source in jobs:
-            read_box(reads, header, name, target, source, out[name], scratch)
+            read_box(reads, header, name, target, source, out[name],
+                     scratch if local_gap_budget is None else Scratch())
         reads.flush()
 
 

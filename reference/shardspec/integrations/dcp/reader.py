@@ -18,10 +18,10 @@ from collections.abc import Collection
 from typing import Any
 
 import torch
-from torch.futures import Future
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import StorageReader
+from torch.futures import Future
 
 from ...format.dtypes import DTYPES
 from ...format.errors import Finding, IntegrityError, RequestError
@@ -30,7 +30,7 @@ from ...format.limits import MANIFEST_NAME
 from ...format.manifest import Alias, Manifest, Piece, TensorRecord
 from ...reader import Checkpoint, open_checkpoint
 from ...reshard.boxes import ReadStats
-from ...reshard.load import execute_reshard
+from ...reshard.load import REMOTE_GAP_BUDGET, execute_reshard
 from ...reshard.plan import ReshardPlan, SourcePiece, TargetPiece
 from ...storage.location import PathOrURL
 from ...storage.paths import open_inside
@@ -47,7 +47,9 @@ class Reader(StorageReader):
     ``verify`` checks the sha256 of every file a rank reads from (whole files: SPEC 9.2 digests
     cover whole files, so verifying reads them in full). A state dict tensor whose dtype differs
     from the checkpoint's is refused (:class:`shardspec.RequestError`) naming the tensor; DCP's
-    planner refuses a different shape before the reader sees the request. ``stats`` counts
+    planner refuses a different shape before the reader sees the request. Runs of wanted bytes
+    are read together across the gaps between them while the gap bytes stay within
+    ``gap_budget`` x the wanted bytes of a file, locally and in object storage. ``stats`` counts
     the tensor bytes this rank read (headers, data, verification), across loads.
     """
 
@@ -56,12 +58,14 @@ class Reader(StorageReader):
         path: PathOrURL,
         *,
         verify: bool = False,
+        gap_budget: float = REMOTE_GAP_BUDGET,
         ignore_extensions: Collection[str] = (),
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.path: PathOrURL = path
         self.verify = verify
+        self.gap_budget = gap_budget
         self.ignore_extensions = ignore_extensions
         self.storage_options = storage_options
         self.stats = ReadStats()
@@ -84,7 +88,7 @@ class Reader(StorageReader):
             self.path = checkpoint_id
             self._checkpoint = None
 
-    def read_metadata(self) -> Metadata:  # type: ignore[override]
+    def read_metadata(self) -> Metadata:
         """The manifest as DCP's metadata. (No ``rank`` argument: every rank reads the one
         manifest; DCP's fallback to per-rank metadata does not apply.)"""
         return dcp_metadata(self.checkpoint.manifest, str(self.path))
@@ -114,7 +118,7 @@ class Reader(StorageReader):
         tensor_items = [i for i in plan.items if i.type == LoadItemType.TENSOR]
         for item in tensor_items:  # refuse before reading anything
             _check_dtype(manifest, item, planner.resolve_tensor(item))
-        for round_items in _rounds(tensor_items):
+        for round_items in _rounds(manifest, tensor_items):
             self._read_round(checkpoint, round_items, planner)
         objects = [i for i in plan.items if i.type == LoadItemType.BYTE_IO]
         if objects:
@@ -154,7 +158,8 @@ class Reader(StorageReader):
                                          tuple(sources))
         reshard = ReshardPlan(rank=-1, layout=manifest.layout, pieces=pieces, aliases={})
         read = execute_reshard(checkpoint.path, manifest, reshard, torch.device("cpu"),
-                               verify=self.verify, stats=self.stats, separate=True)
+                               verify=self.verify, stats=self.stats, separate=True,
+                               gap_budget=self.gap_budget, local_gap_budget=self.gap_budget)
         for stored, its in by_stored.items():
             for item in its:
                 value = read[stored]
@@ -198,14 +203,15 @@ def _check_dtype(manifest: Manifest, item: ReadItem, target: torch.Tensor) -> No
             f"tensor is {target.dtype}; load into a {stored} tensor and convert after"))
 
 
-def _rounds(items: list[ReadItem]) -> list[list[ReadItem]]:
-    """Split items so that each round holds one target chunk per tensor (a rank normally has
-    one chunk of a tensor, so this is one round)."""
-    chunk_of: dict[str, list[tuple[int, ...]]] = {}
+def _rounds(manifest: Manifest, items: list[ReadItem]) -> list[list[ReadItem]]:
+    """Split items so that each round reads one target chunk per stored tensor (a rank normally
+    holds one chunk of a tensor, so this is one round; an alias asked for beside its target
+    takes a second)."""
+    chunk_of: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
     rounds: list[list[ReadItem]] = []
     for item in items:
-        chunks = chunk_of.setdefault(item.dest_index.fqn, [])
-        key = tuple(item.dest_index.offset or ())
+        chunks = chunk_of.setdefault(_stored_name(manifest, item.storage_index.fqn), [])
+        key = (item.dest_index.fqn, tuple(item.dest_index.offset or ()))
         if key not in chunks:
             chunks.append(key)
         number = chunks.index(key)

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.futures import Future
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.futures import Future
 
 from ...format.limits import DEFAULT_MAX_FILE_SIZE
 from ...format.manifest import FileRecord, Layout, Manifest, TensorRecord

@@ -240,6 +240,8 @@ def _tp_save_and_loads(rank: int, world: int, out: str) -> dict[str, Any]:
     model = shard_tp(make_model(0), world)
     dcp.save(training_state(model, 5, 0.25, b"\x00\xffrng"),
              storage_writer=Writer(f"{out}/tp2", layout=Layout(tp_size=world)))
+    dcp.save(training_state(model, 5, 0.25, b""),
+             storage_writer=Writer(f"{out}/tp2-one-copy", replicas=False))
     return {"fsdp4_to_tp2": _load_and_check(shard_tp(make_model(1), world), f"{out}/fsdp4"),
             "fsdp4_to_fsdp2": _load_and_check(shard_fsdp(make_model(1), world),
                                               f"{out}/fsdp4")}
@@ -372,6 +374,15 @@ def test_tp_checkpoint_loads_per_rank(worlds: dict[str, Any]) -> None:
         assert all(f"rank-{rank}-" in str(f) for f in files)
 
 
+def test_without_replicas_one_rank_holds_a_replicated_tensor(worlds: dict[str, Any]) -> None:
+    manifest = shardspec.open(worlds["out"] / "tp2-one-copy").manifest
+    assert manifest.layout == Layout(tp_size=2)  # the flat layout of the group
+    for name in ("model.norm.weight", "model.layers.1.o.bias"):
+        pieces = manifest.tensors[name].pieces  # type: ignore[union-attr]
+        assert len(pieces) == 1 and pieces[0].replica == 0, name
+    assert len(manifest.tensors["model.layers.0.q.weight"].pieces) == 2  # type: ignore[union-attr]
+
+
 # --- single process (no process group) ----------------------------------------------------------
 
 
@@ -415,6 +426,29 @@ def test_loads_a_checkpoint_written_by_shardspec_save(tmp_path: Path) -> None:
     assert torch.equal(out["w"], weight) and torch.equal(out["tied"], weight)
     assert torch.equal(out["norm"], norm)
     assert reader.stats.verify_bytes > 0
+
+
+@pytest.mark.usefixtures("single_process")
+def test_extra_files_and_objects_are_listed_and_checksummed(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "llama"}')
+    state = {"w": torch.arange(12.0).reshape(3, 4), "step": 42, "rng": b"\x01\x02"}
+    dcp.save(state, storage_writer=Writer(tmp_path / "c", extra_files=[config]))
+    report = shardspec.validate(tmp_path / "c", checksums=True)
+    assert report.ok and not report.findings
+    manifest = shardspec.open(tmp_path / "c").manifest
+    assert {f.path for f in manifest.extra_files} == {"config.json", "dcp-objects-rank-0.bin"}
+    assert (tmp_path / "c" / "config.json").read_text() == config.read_text()
+    out = {"w": torch.zeros(3, 4), "step": 0, "rng": b""}
+    dcp.load(out, storage_reader=Reader(tmp_path / "c", verify=True))
+    assert torch.equal(out["w"], state["w"]) and out["step"] == 42 and out["rng"] == b"\x01\x02"
+    # a corrupted objects file is found by verify
+    blob = tmp_path / "c" / "dcp-objects-rank-0.bin"
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 1
+    blob.write_bytes(bytes(data))
+    with pytest.raises(CheckpointException, match="checksum-mismatch"):
+        dcp.load({"step": 0}, storage_reader=Reader(tmp_path / "c", verify=True))
 
 
 @pytest.mark.usefixtures("single_process")

@@ -48,8 +48,10 @@ class Reader(StorageReader):
     cover whole files, so verifying reads them in full). A state dict tensor whose dtype differs
     from the checkpoint's is refused (:class:`shardspec.RequestError`) naming the tensor; DCP's
     planner refuses a different shape before the reader sees the request. Runs of wanted bytes
-    are read together across the gaps between them while the gap bytes stay within
-    ``gap_budget`` x the wanted bytes of a file, locally and in object storage. ``stats`` counts
+    are read together across the gaps between them while the bytes read beyond the wanted ones
+    stay within ``gap_budget`` x the wanted bytes of a file, locally and in object storage.
+    ``gap_budget=None`` reads every gap under 1 MiB of a local file (fewer, longer reads, more
+    bytes) and keeps the default budget in object storage. ``stats`` counts
     the tensor bytes this rank read (headers, data, verification), across loads.
     """
 
@@ -58,7 +60,7 @@ class Reader(StorageReader):
         path: PathOrURL,
         *,
         verify: bool = False,
-        gap_budget: float = REMOTE_GAP_BUDGET,
+        gap_budget: float | None = REMOTE_GAP_BUDGET,
         ignore_extensions: Collection[str] = (),
         storage_options: dict[str, Any] | None = None,
     ) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,8 @@ from ...format.manifest import FileRecord, Layout, Manifest, TensorRecord
 from ...storage.location import Location, PathOrURL, locate
 from ...write.save import (
     commit_checkpoint,
+    copy_extra_files,
+    extra_sources,
     finish_manifest,
     place_file,
     plan_checkpoint,
@@ -76,6 +78,9 @@ class Writer(StorageWriter):
     (SPEC 7.4), so each rank of the layout loads from its own files alone; False writes one copy
     (DCP's choice of rank), as DCP's own writers do. ``overwrite`` allows replacing the
     checkpoint in a non-empty directory (SPEC 10.2). ``metadata`` goes to the manifest.
+    ``extra_files`` (a serving engine's ``config.json``, tokenizer files: names inside the
+    checkpoint -> sources, or a list of sources kept by base name) are copied in by the
+    coordinator before it commits, as :func:`shardspec.save` copies them.
     """
 
     def __init__(
@@ -87,6 +92,7 @@ class Writer(StorageWriter):
         max_file_size: int = DEFAULT_MAX_FILE_SIZE,
         overwrite: bool = False,
         metadata: Mapping[str, str] | None = None,
+        extra_files: Mapping[str, str | os.PathLike[str]] | Iterable[str | os.PathLike[str]] = (),
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
@@ -98,6 +104,7 @@ class Writer(StorageWriter):
         self.max_file_size = max_file_size
         self.overwrite = overwrite
         self.metadata = dict(metadata or {})
+        self.extra_files = extra_sources(extra_files)
         self.storage_options = storage_options
         self.rank = 0
         self.is_coordinator = False
@@ -146,7 +153,8 @@ class Writer(StorageWriter):
                             "prepare_local_plan; use the Writer on every rank")
         infos, objects = assign_pieces(locals_, [p.items for p in plans], self.replicas)
         object_files = [objects_file_name(r) for r, names in enumerate(objects) if names]
-        draft = plan_checkpoint(layout, infos, metadata=self.metadata, extra_files=object_files,
+        draft = plan_checkpoint(layout, infos, metadata=self.metadata,
+                                extra_files=[*object_files, *self.extra_files],
                                 max_file_size=self.max_file_size)
         prepare_directory(self.root, self.overwrite)
         self._draft = draft
@@ -213,6 +221,7 @@ class Writer(StorageWriter):
         written = [r.storage_data for rank_results in results for r in rank_results
                    if isinstance(r.storage_data, _Written)]
         records = {f.path: f for w in written for f in w.records}
+        records.update({f.path: f for f in copy_extra_files(self.root, self.extra_files)})
         placed = {name: where for w in written for name, where in w.objects.items()}
         if placed:
             draft = dataclasses.replace(

@@ -271,6 +271,29 @@ def test_gaps_over_the_coalescing_limit_are_not_read(
     assert exact.reads == 8 and exact.data_bytes == exact.target_bytes == 8 * 16 * 4
 
 
+@pytest.mark.parametrize("budget", [0.0, 0.5, 10.0])
+def test_a_local_gap_budget_bounds_the_bytes_read(tmp_path: Path, budget: float) -> None:
+    """``local_gap_budget`` (the DCP reader's): gaps between wanted runs of a local file are
+    read only while everything read beyond the wanted bytes, the header included, stays within
+    the budget; the smallest gaps first, each remaining span one call."""
+    weights: Weights = {"row": (torch.randn(8, 64), 1)}
+    save_sharded(tmp_path / "c", weights, 2)
+    checkpoint = shardspec.open(tmp_path / "c")
+    target = Layout(tp_size=4)
+    stats = ReadStats()
+    plan = Resharder(checkpoint.manifest, target).plan(0)
+    got = reshard_load.execute_reshard(checkpoint.path, checkpoint.manifest, plan, CPU,
+                                       stats=stats, local_gap_budget=budget)
+    assert_rank_matches(got, weights, target, 0)
+    wanted = 8 * 16 * 4  # 8 rows of 16 floats, 64-byte gaps between them
+    assert stats.target_bytes == wanted
+    extra = stats.data_bytes - wanted
+    bridged = max(0, int(budget * wanted - stats.header_bytes)) // 64
+    assert extra == 64 * min(7, bridged)
+    assert stats.reads == 8 - min(7, bridged)
+    assert extra + stats.header_bytes <= max(budget * wanted, stats.header_bytes)
+
+
 def test_reads_that_follow_each_other_are_gathered_into_one_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

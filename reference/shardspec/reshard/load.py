@@ -29,7 +29,7 @@ from ..load.plan import FilePlan, plan_ranks
 from ..storage.paths import open_inside
 from ..storage.remote import RemoteRoot
 from ..storage.remote_files import PARTIAL_HEADER_PROBE, RemoteReader, open_object
-from .boxes import FileReads, ReadStats, RemoteReads, Scratch, read_box
+from .boxes import BudgetedFileReads, FileReads, ReadStats, RemoteReads, Scratch, read_box
 from .plan import Resharder, ReshardPlan, SourcePiece, TargetPiece
 
 __all__ = [
@@ -118,6 +118,7 @@ def execute_reshard(
     gap_budget: float | None = None,
     verified: set[str] | None = None,
     on_read: Callable[[int], None] | None = None,
+    local_gap_budget: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """Read ``plan``'s pieces onto ``device``; aliases share their target's storage.
 
@@ -127,6 +128,8 @@ def execute_reshard(
     ``verified``: with ``verify``, the source files already hashed by earlier calls (a writer
     resharding rank after rank hashes each file once); the files hashed now are added.
     ``on_read(n)`` is called as each source file's boxes are in, with their bytes.
+    ``local_gap_budget`` bounds them the same way from local files (None: every gap under
+    :data:`~shardspec.reshard.boxes.COALESCE_GAP` is read, fewer calls for more bytes).
     """
     budget = REMOTE_GAP_BUDGET if gap_budget is None else gap_budget
     stats = stats if stats is not None else ReadStats()
@@ -152,7 +155,8 @@ def execute_reshard(
             hash_it = verify and path not in done
             done.add(path)
         try:
-            _read_file(root, item[0], item[1], out, Scratch(), item[2], hash_it, budget)
+            _read_file(root, item[0], item[1], out, Scratch(), item[2], hash_it, budget,
+                       local_gap_budget)
         except BaseException:
             with lock:
                 done.discard(path)  # not verified after all
@@ -227,6 +231,7 @@ def _read_file(
     stats: ReadStats,
     verify: bool,
     gap_budget: float,
+    local_gap_budget: float | None = None,
 ) -> None:
     if isinstance(root, RemoteRoot):
         _read_remote_file(root, plan, jobs, out, stats, verify, gap_budget)
@@ -245,10 +250,15 @@ def _read_file(
         if verify:
             handle.seek(0)
             _verify(handle, record, stats)
-        reads = FileReads(handle.fileno(), stats, record.path)
         jobs = sorted(jobs, key=lambda job: header.entries[job[0]].begin)
+        if local_gap_budget is None:
+            reads: FileReads | BudgetedFileReads = FileReads(handle.fileno(), stats, record.path)
+        else:  # reads wait for flush: each box gets a scratch buffer of its own
+            reads = BudgetedFileReads(handle.fileno(), stats, record.path, local_gap_budget,
+                                      header.data_start)
         for name, target, source in jobs:
-            read_box(reads, header, name, target, source, out[name], scratch)
+            read_box(reads, header, name, target, source, out[name],
+                     scratch if local_gap_budget is None else Scratch())
         reads.flush()
 
 

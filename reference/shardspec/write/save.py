@@ -68,6 +68,7 @@ __all__ = [
     "prepare_directory",
     "save",
     "split",
+    "write_data_file",
     "write_rank",
 ]
 
@@ -356,7 +357,7 @@ def write_rank(
             piece = record.piece_of(rank)
             if piece is not None:
                 names_in[piece.file].append(name)
-    return [_write_data_file(root, path, {n: state[n] for n in names})
+    return [write_data_file(root, path, {n: state[n] for n in names})
             for path, names in names_in.items()]
 
 
@@ -433,7 +434,7 @@ def prepare_directory(root: Location, overwrite: bool) -> None:
     fsync_dir(root)
 
 
-def _write_data_file(
+def write_data_file(
     root: Location, relative: str, tensors: Mapping[str, torch.Tensor]
 ) -> FileRecord:
     """Write one part with safetensors, durably, and record its size and sha256."""

@@ -99,3 +99,46 @@ def save_qwen3_moe(path: Path) -> Path:
     model = Qwen3MoeForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(path)
     return path
+
+
+def save_with_dcp(hf: Path, dst: Path, world: int = 2) -> Path:
+    """``hf``'s weights saved by a real ``torch.distributed.checkpoint`` job of ``world`` gloo
+    ranks, each holding DTensor shards (``Shard(0)`` of matrices, norms replicated), through
+    shardspec's DCP ``Writer``: what a training job hands to serving."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_dcp_rank, args=(world, str(hf), str(dst), _free_port()), nprocs=world, join=True)
+    return dst
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _dcp_rank(rank: int, world: int, hf: str, dst: str, port: int) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from shardspec import Layout
+    from shardspec.integrations.dcp import Writer
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        mesh = init_device_mesh("cpu", (world,))
+        weights = load_file(str(Path(hf) / "model.safetensors"))
+        state = {name: distribute_tensor(t, mesh, [Shard(0) if t.dim() == 2 else Replicate()])
+                 for name, t in weights.items()}
+        dcp.save(state, storage_writer=Writer(dst, layout=Layout(tp_size=world),
+                                              extra_files={"config.json": Path(hf) /
+                                                           "config.json"}))
+    finally:
+        dist.destroy_process_group()

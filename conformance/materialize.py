@@ -21,6 +21,12 @@ Kinds:
   the checkpoint, which moves outside and is replaced by a link.
 - ``symlink-dangling``: ``materialize_path`` becomes a symbolic link to a name that does not
   exist (inside the checkpoint).
+- ``symlink-inside``: the file at ``materialize_path`` moves to ``objects/<name>`` inside the
+  checkpoint and a relative link to it takes its place (as in a download cache).
+- ``symlink-dotdot``: the file at ``materialize_path`` (at the top of the checkpoint) moves to
+  ``sub/<name>``, a link ``via`` points to the directory ``sub/inner``, and the file's place
+  becomes a link to ``via/../<name>``: followed as the system follows links, ``via/..`` is
+  ``sub`` (SPEC 2.2 rule 5); taken lexically it is the link itself.
 - ``huge-manifest``: spaces are appended to ``materialize_path`` (the manifest) until it has
   ``MAX_MANIFEST_BYTES + 1`` bytes.
 """
@@ -36,7 +42,8 @@ from pathlib import Path
 __all__ = ["KINDS", "MAX_MANIFEST_BYTES", "materialize"]
 
 KINDS = ("fifo", "symlink-outside", "symlink-dir-escape", "symlink-dangling",
-         "symlink-dangling-outside", "symlink-loop", "huge-manifest")
+         "symlink-dangling-outside", "symlink-loop", "symlink-inside", "symlink-dotdot",
+         "huge-manifest")
 
 #: SPEC 3.4 / 12 (format 1.1; 67108864 in 1.0).
 MAX_MANIFEST_BYTES = 268435456
@@ -93,6 +100,18 @@ def materialize(vector_dir: str | os.PathLike[str], dest: str | os.PathLike[str]
         target.parent.mkdir(parents=True, exist_ok=True)
         outside = dest / "outside" / "does-not-exist.safetensors"
         os.symlink(os.path.relpath(outside, target.parent), target)
+    elif kind == "symlink-inside":
+        moved = root / "objects" / target.name
+        moved.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(target), moved)
+        os.symlink(os.path.relpath(moved, target.parent), target)
+    elif kind == "symlink-dotdot":
+        if target.parent != root:
+            raise ValueError(f"{vector_dir.name}: symlink-dotdot needs a top-level file")
+        (root / "sub" / "inner").mkdir(parents=True)
+        shutil.move(str(target), root / "sub" / target.name)
+        os.symlink("sub/inner", root / "via")
+        os.symlink(f"via/../{target.name}", target)
     else:  # huge-manifest
         with target.open("ab") as handle:
             missing = MAX_MANIFEST_BYTES + 1 - handle.tell()

@@ -86,9 +86,12 @@ def write_hf_dir(
     config: dict[str, object] | None = None,
     tie: bool = False,
     model_type: str = "llama",
+    heads: int | None = 4,
+    kv_heads: int = 2,
 ) -> Path:
     """Write ``tensors`` as save_pretrained does: model.safetensors, or ``shards`` shards and
-    model.safetensors.index.json; plus config.json and tokenizer files."""
+    model.safetensors.index.json; plus config.json (with the head counts ``llama_tensors``
+    was given: convert cuts attention on head boundaries) and tokenizer files."""
     root.mkdir(parents=True, exist_ok=True)
     names = list(tensors)
     if shards == 1:
@@ -108,6 +111,8 @@ def write_hf_dir(
             sort_keys=True) + "\n")
     cfg: dict[str, object] = {"model_type": model_type, "tie_word_embeddings": tie,
                               "architectures": ["LlamaForCausalLM"]}
+    if heads is not None:  # None: a config without head counts
+        cfg.update(num_attention_heads=heads, num_key_value_heads=kv_heads)
     cfg.update(config or {})
     (root / "config.json").write_text(json.dumps(cfg, indent=2))
     (root / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "BPE"}}')

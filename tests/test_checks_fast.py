@@ -250,6 +250,8 @@ def one_tensor(shape: list[int], boxes: list[tuple[int, list[int], list[int], in
 
 
 BIG = 2**60 - 1  # the most U8 elements a piece may hold: 8 x BIG bits < 2**63
+# 8 such pieces make a tensor whose elements fit MAX_SIZE but whose bits do not: shape-overflow
+# (SPEC 7.1 rule 4), while its coverage sums, past 2**62, are still taken exactly.
 TILES = [(r, [r, 0], [1, BIG], 0) for r in range(8)]
 
 
@@ -263,12 +265,13 @@ TILES = [(r, [r, 0], [1, BIG], 0) for r in range(8)]
     ("F32", [4, 2], [(0, [0, 0], [2, 2], 0), (1, [3, 0], [1, 2], 0)], ["coverage-gap"]),
     ("F32", [], [(0, [], [], 0), (1, [], [], 0)], ["coverage-overlap"]),
     ("F32", [], [(0, [], [], 0), (1, [], [], 1)], []),
-    ("U8", [8, BIG], TILES, []),
-    ("U8", [8, BIG], [*TILES, (8, [0, 0], [1, BIG], 0)], ["coverage-overlap"]),
-    ("U8", [8, BIG], TILES[:-1], ["coverage-gap"]),
+    ("U8", [8, BIG], TILES, ["shape-overflow"]),
+    ("U8", [8, BIG], [*TILES, (8, [0, 0], [1, BIG], 0)], ["shape-overflow", "coverage-overlap"]),
+    ("U8", [8, BIG], TILES[:-1], ["shape-overflow", "coverage-gap"]),
     ("F32", [2**62, 4, 0], [(0, [0, 0, 0], [2**62, 4, 0], 0)], ["shape-overflow", "st-size"]),
     ("F32", [2**62, 0], [(0, [0, 0], [2**62, 0], 0), (1, [0, 0], [2**62, 0], 1)], []),
-    ("U8", [2**63 - 1], [(0, [2**63 - 1], [0], 0), (1, [0], [2**63 - 1], 0)], ["st-size"]),
+    ("U8", [2**63 - 1], [(0, [2**63 - 1], [0], 0), (1, [0], [2**63 - 1], 0)],
+     ["shape-overflow", "st-size"]),
     ("F32", [8], [(0, [0], [8], 0), (1, [0], [4], 1)], ["replica-mismatch"]),
     ("F32", [8], [(0, [0], [8], 1)], ["replica-mismatch", "coverage-gap"]),
     ("F4", [6], [(0, [0], [3], 0), (1, [3], [3], 0)], ["st-size", "st-size"]),

@@ -21,7 +21,7 @@ from hf_helpers import llama_tensors, load_hf_dir, write_hf_dir
 from shardspec.cli import app
 from shardspec.convert import convert, import_vllm, merge
 from shardspec.convert.hf import HFError, HFSource, iter_slice, scan_safetensors
-from shardspec.convert.tp_plan import PlanError
+from shardspec.convert.tp_plan import PlanError, PlanWarning
 from shardspec.format.manifest import Alias, TensorRecord
 
 
@@ -128,7 +128,8 @@ def test_uneven_split_refused_unless_allowed(tmp_path: Path) -> None:
     with pytest.raises(PlanError, match=uneven):
         convert(src, tmp_path / "ckpt", tp_size=4)
     assert not (tmp_path / "ckpt").exists()
-    manifest = convert(src, tmp_path / "ckpt", tp_size=4, allow_uneven=True)
+    with pytest.warns(PlanWarning, match="each key/value head is held by 2"):
+        manifest = convert(src, tmp_path / "ckpt", tp_size=4, allow_uneven=True)
     embed = manifest.tensors["model.embed_tokens.weight"]
     assert isinstance(embed, TensorRecord)
     assert [p.shape[0] for p in embed.pieces] == [8, 8, 7, 7]
@@ -291,7 +292,8 @@ def test_merge_writes_hf_shards_and_index(hf: tuple[Path, dict[str, torch.Tensor
 def test_merge_single_dtype_file_is_byte_identical(tmp_path: Path) -> None:
     tensors = llama_tensors(layers=2)
     src = write_hf_dir(tmp_path / "hf", tensors)
-    convert(src, tmp_path / "ckpt", tp_size=4, pp_size=2)
+    with pytest.warns(PlanWarning, match="each key/value head is held by 2"):
+        convert(src, tmp_path / "ckpt", tp_size=4, pp_size=2)
     merge(tmp_path / "ckpt", tmp_path / "merged")
     assert (tmp_path / "merged" / "model.safetensors").read_bytes() == \
         (src / "model.safetensors").read_bytes()
@@ -443,7 +445,7 @@ def test_cli_errors_exit_2_with_a_message(hf: tuple[Path, dict[str, torch.Tensor
     runner = CliRunner()
     result = runner.invoke(app, ["convert", str(src), str(tmp_path / "a"), "--tp", "3"])
     assert result.exit_code == 2
-    assert "cannot split evenly" in " ".join(result.output.split())
+    assert "4 query heads cannot be dealt evenly to 3" in " ".join(result.output.split())
     result = runner.invoke(app, ["convert", str(tmp_path / "none"), str(tmp_path / "b"),
                                  "--tp", "1"])
     assert result.exit_code == 2

@@ -80,6 +80,7 @@ SUBMODULES = {
     "shardspec.convert": ["EMBEDDING_NAMES", "Imported", "LM_HEAD", "NAME_STYLES", "Progress",
                           "convert", "hf_extra_files", "import_vllm", "merge"],
     "shardspec.reshard": ["Resharder", "load_resharded", "reshard"],
+    "shardspec.integrations.dcp": ["OBJECTS_KEY", "Reader", "Writer"],
     "shardspec.distributed": ["DEFAULT_TIMEOUT", "DistributedError", "DistributedLoadError",
                               "DistributedSaveError", "load", "save"],
     "shardspec.testing": [

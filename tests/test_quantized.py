@@ -61,7 +61,7 @@ def int4_model(method: str, *, i: int = 64, o: int = 64, g: int = 16) -> dict[st
 
 
 def int4_config(method: str, **extra: Any) -> dict[str, Any]:
-    return {"model_type": "llama", "torch_dtype": "float16",
+    return {"model_type": "llama", "torch_dtype": "float16", "num_attention_heads": 4,
             "quantization_config": {"quant_method": method, "bits": 4, "group_size": 16,
                                     **extra}}
 

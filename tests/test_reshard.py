@@ -271,6 +271,29 @@ def test_gaps_over_the_coalescing_limit_are_not_read(
     assert exact.reads == 8 and exact.data_bytes == exact.target_bytes == 8 * 16 * 4
 
 
+@pytest.mark.parametrize("budget", [0.0, 0.5, 10.0])
+def test_a_local_gap_budget_bounds_the_bytes_read(tmp_path: Path, budget: float) -> None:
+    """``local_gap_budget`` (the DCP reader's): gaps between wanted runs of a local file are
+    read only while everything read beyond the wanted bytes, the header included, stays within
+    the budget; the smallest gaps first, each remaining span one call."""
+    weights: Weights = {"row": (torch.randn(8, 64), 1)}
+    save_sharded(tmp_path / "c", weights, 2)
+    checkpoint = shardspec.open(tmp_path / "c")
+    target = Layout(tp_size=4)
+    stats = ReadStats()
+    plan = Resharder(checkpoint.manifest, target).plan(0)
+    got = reshard_load.execute_reshard(checkpoint.path, checkpoint.manifest, plan, CPU,
+                                       stats=stats, local_gap_budget=budget)
+    assert_rank_matches(got, weights, target, 0)
+    wanted = 8 * 16 * 4  # 8 rows of 16 floats, 64-byte gaps between them
+    assert stats.target_bytes == wanted
+    extra = stats.data_bytes - wanted
+    bridged = max(0, int(budget * wanted - stats.header_bytes)) // 64
+    assert extra == 64 * min(7, bridged)
+    assert stats.reads == 8 - min(7, bridged)
+    assert extra + stats.header_bytes <= max(budget * wanted, stats.header_bytes)
+
+
 def test_reads_that_follow_each_other_are_gathered_into_one_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -334,7 +357,7 @@ def test_rank_local_tensors_are_refused_by_name(tiny: Tiny) -> None:
 def test_cli_refuses_rank_local_tensors_without_traceback(tiny: Tiny, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["reshard", str(tiny.path), str(tmp_path / "out"),
                                       "--tp", "1"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a request the checkpoint cannot meet (SPEC 11.3)
     assert "reshard-rank-local" in result.output and "layers.0.qkv.weight" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "out").exists()
@@ -479,10 +502,22 @@ def test_reshard_function_reports_progress(tmp_path: Path) -> None:
     manifest = reshard(tmp_path / "src", tmp_path / "dst", Layout(tp_size=2),
                                     progress=lambda done, total: calls.append((done, total)))
     assert manifest.layout == Layout(tp_size=2)
-    assert len(calls) == 3 and calls[0][0] == 0 and calls[-1][0] == calls[-1][1] > 0
+    assert calls[0][0] == 0 and calls[-1][0] == calls[-1][1] > 0
+    dones = [done for done, _ in calls]
+    assert dones == sorted(dones)
+    assert len(set(dones)) > 3  # it moves while a rank's pieces are read, too
     for rank in range(2):
         assert_rank_matches(shardspec.load_rank(tmp_path / "dst", rank, "cpu"), weights,
                             Layout(tp_size=2), rank)
+
+
+def test_progress_moves_during_a_single_rank_write(tmp_path: Path) -> None:
+    save_sharded(tmp_path / "src", mixed(), 3)
+    calls: list[tuple[int, int]] = []
+    reshard(tmp_path / "src", tmp_path / "dst", Layout(tp_size=1),
+            progress=lambda done, total: calls.append((done, total)))
+    total = calls[-1][1]
+    assert any(0 < done < total for done, _ in calls)
 
 
 # --- the property --------------------------------------------------------------------------

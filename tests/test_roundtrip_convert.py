@@ -7,6 +7,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from shardspec.convert import convert, merge
 from shardspec.format.stages import assign_stages
 
 
+@pytest.mark.filterwarnings("ignore:pipeline stage")  # more stages than layers: announced
 @settings(max_examples=25)
 @given(
     tp=st.sampled_from([1, 2, 4]),
@@ -35,7 +37,7 @@ def test_convert_merge_round_trip(tp: int, pp: int, layers: int, tie: bool, bias
                             vocab=16, dtype=dtype, tie=tie, bias=bias, seed=seed)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        src = write_hf_dir(root / "hf", tensors, shards=shards, tie=tie)
+        src = write_hf_dir(root / "hf", tensors, shards=shards, tie=tie, kv_heads=4)
         manifest = convert(src, root / "ckpt", tp_size=tp, pp_size=pp)
         layout = manifest.layout
 

@@ -114,6 +114,12 @@ def element_count(shape: list[int] | tuple[int, ...]) -> int | None:
     return count
 
 
+def bits_fit(dtype: str, shape: list[int] | tuple[int, ...]) -> bool:
+    """7.1 rule 4: the element count and the bit count of a tensor's shape fit MAX_SIZE."""
+    count = element_count(shape)
+    return count is not None and count * DTYPE_BITS[dtype] <= MAX_SIZE
+
+
 def byte_count(dtype: str, shape: list[int] | tuple[int, ...]) -> int | None:
     """6.5 rule 2: count x bits must be a multiple of 8 and at most MAX_SIZE; else None."""
     count = element_count(shape)
@@ -571,11 +577,13 @@ def check_tensors(m: dict[str, Any]) -> None:
             continue
         dtype, shape = record["dtype"], record.get("shape")
         local = "rank_local" in record
-        if not local and element_count(shape) is None:  # 7.1 rule 4
-            fail("shape-overflow", f"tensor {name!r}: shape {shape} has too many elements")
+        if not local and not bits_fit(dtype, shape):  # 7.1 rule 4
+            fail("shape-overflow", f"tensor {name!r}: shape {shape} has too many elements "
+                 "or bits")
         logical = record.get("logical")
-        if logical is not None and element_count(logical["shape"]) is None:
-            fail("shape-overflow", f"tensor {name!r}: logical shape has too many elements")
+        if logical is not None and not bits_fit(logical["dtype"], logical["shape"]):
+            fail("shape-overflow", f"tensor {name!r}: logical shape has too many elements "
+                 "or bits")
         holders: set[int] = set()
         for piece in record["pieces"]:  # 7.2
             rank = piece["rank"]

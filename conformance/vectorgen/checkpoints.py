@@ -210,6 +210,7 @@ class Vector:
     materialize: str | None = None
     materialize_path: str | None = None
     ignore_extensions: list[str] = field(default_factory=list)
+    validator_also: list[str] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
@@ -229,6 +230,8 @@ class Vector:
             out["materialize_path"] = self.materialize_path
         if self.ignore_extensions:
             out["ignore_extensions"] = self.ignore_extensions
+        if self.validator_also:
+            out["validator_also"] = self.validator_also
         return out
 
 

@@ -35,6 +35,7 @@ from .format.limits import DEFAULT_MAX_FILE_SIZE
 from .format.manifest import FileRecord, Layout, Logical, Manifest, Quantization, Tie
 from .load.devices import DeviceLike, resolve_device
 from .reader import Checkpoint, open_checkpoint
+from .reshard.load import checkpoint_heads
 from .reshard.plan import Resharder
 from .storage.location import PathOrURL, locate
 from .write.save import (
@@ -407,7 +408,8 @@ def _target_layout(
     if layout == source:
         return layout, ""
     try:
-        Resharder(checkpoint.manifest, layout)
+        Resharder(checkpoint.manifest, layout,
+                  heads=checkpoint_heads(checkpoint.path, checkpoint.manifest))
     except ShardspecError as exc:
         return None, exc.finding.message
     return layout, ""

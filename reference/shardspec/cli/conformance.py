@@ -7,6 +7,7 @@ could not run (no vectors found, Hypothesis missing, a bad command).
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 import typer
 from rich.text import Text
 
-from .app import EXIT_INVALID, EXIT_OK, app, cannot_run, err, out
+from .app import EXIT_INVALID, EXIT_OK, cannot_run, command, err, flag, out
 
 if TYPE_CHECKING:
     from ..testing.checks import CheckResult
@@ -82,18 +83,30 @@ class _Shown:  # a runner.Progress, which needs Hypothesis to import
         self._show()
 
 
-@app.command("conformance")
+def _hypothesis_storage() -> None:
+    """Hypothesis caches data (unicode tables) in ``./.hypothesis`` by default; the suite
+    writes nothing into the current directory, so it uses the user's cache directory instead,
+    unless ``HYPOTHESIS_STORAGE_DIRECTORY`` says where."""
+    if os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY"):
+        return
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    set_hypothesis_home_dir(Path(cache) / "shardspec" / "hypothesis")
+
+
+@command("conformance")
 def conformance_command(
     reader: Annotated[str, typer.Option(
         "--reader", show_default=False,
         help="The reader under test, a command called as CMD CHECKPOINT_DIR RANK OUTPUT_FILE "
         "(see conformance/README.md), e.g. \"python conformance/examples/minimal_reader.py\".")],
-    batch: Annotated[bool, typer.Option(
+    batch: Annotated[bool, flag(
         "--batch", help="Start the reader once and send it one request a line on stdin "
         "(CHECKPOINT_DIR, RANK, OUTPUT_FILE, IGNORE_EXTENSIONS, tab-separated); it answers "
         "'ok' or 'error ...' a line. For readers slow to start (anything importing torch).")
     ] = False,
-    quick: Annotated[bool, typer.Option(
+    quick: Annotated[bool, flag(
         "--quick", help=f"A fast run while iterating: each vector on its first rank only, "
         f"{QUICK_EXAMPLES} generated checkpoints, no shrinking.")] = False,
     seed: Annotated[int | None, typer.Option(
@@ -108,9 +121,9 @@ def conformance_command(
         show_default=False)] = None,
     vectors: Annotated[Path | None, typer.Option(
         "--vectors", show_default=False,
-        help="The vectors directory (default: conformance/vectors of this checkout or the "
-        "current directory; the vectors are not in the wheel).")] = None,
-    no_vectors: Annotated[bool, typer.Option(
+        help="The vectors directory (default: those installed with this package, else "
+        "conformance/vectors of this checkout or of the current directory).")] = None,
+    no_vectors: Annotated[bool, flag(
         "--no-vectors", help="Skip the vectors; run generated checkpoints only.")] = False,
     select: Annotated[str | None, typer.Option(
         "--select", help="Run only the vectors whose id matches one of these comma-separated "
@@ -119,9 +132,10 @@ def conformance_command(
     timeout: Annotated[float, typer.Option(
         "--timeout", min=0.1, help="Seconds one reader call may take before it is killed.")
     ] = 60.0,
-    keep: Annotated[Path, typer.Option(
-        "--keep", help="Where to keep the smallest failing generated checkpoint.")
-    ] = Path("conformance-failures"),
+    keep: Annotated[Path | None, typer.Option(
+        "--keep", show_default=False,
+        help="Where to keep the smallest failing generated checkpoint (default: a new "
+        "temporary directory, named in the report).")] = None,
 ) -> None:
     """Run the conformance suite against READER: the golden vectors, then generated checkpoints.
 
@@ -135,6 +149,7 @@ def conformance_command(
     except ImportError as exc:  # Hypothesis is an optional dependency
         cannot_run(f"the conformance suite needs Hypothesis ({exc}); install it with "
                     "pip install 'shardspec[conformance]'")
+    _hypothesis_storage()
     try:
         default_examples, default_seed = conformance_defaults()
     except ValueError as exc:
@@ -143,7 +158,7 @@ def conformance_command(
         examples = QUICK_EXAMPLES if quick else default_examples
     seed = default_seed if seed is None else seed
     try:
-        command: CommandReader | BatchReader = (BatchReader if batch else CommandReader)(
+        under_test: CommandReader | BatchReader = (BatchReader if batch else CommandReader)(
             reader, timeout=timeout)
     except ValueError as exc:
         cannot_run(f"--reader {shlex.quote(reader)}: {exc}")
@@ -152,8 +167,8 @@ def conformance_command(
     elif vectors is None:
         vectors = find_vectors()
         if vectors is None:
-            cannot_run("no conformance vectors found: run from a shardspec checkout or pass "
-                        "--vectors DIR (they are in the source distribution, not the wheel)")
+            cannot_run("no conformance vectors found (the package was installed without "
+                        "them): pass --vectors DIR, e.g. conformance/vectors of a checkout")
     elif not vectors.is_dir() or not any(vectors.glob("*/vector.json")):
         cannot_run(f"{vectors}: not a directory of conformance vectors")
     if vectors is None and examples == 0:
@@ -161,12 +176,12 @@ def conformance_command(
     started = time.monotonic()
     try:
         with _Shown() as shown:
-            result = run_suite(command, vectors=vectors, examples=examples, seed=seed,
+            result = run_suite(under_test, vectors=vectors, examples=examples, seed=seed,
                                keep=keep, select=select, progress=cast("Progress", shown),
                                quick=quick)
     finally:
-        if isinstance(command, BatchReader):
-            command.close()
+        if isinstance(under_test, BatchReader):
+            under_test.close()
     if not result.results:
         cannot_run(f"no check ran (--select {select!r} matches no vector?)")
     print_report(result, out)

@@ -1,7 +1,6 @@
 """``shardspec convert``, ``merge`` and ``import-vllm``: registered on the app of :mod:`.cli`.
 
-Exit status as for the other commands: 0 success, 1 the input checkpoint is invalid (a SPEC
-finding), 2 the command could not run (bad arguments, an unusable plan or source directory).
+Exit status and errors as for every command (:mod:`shardspec.cli.app`).
 """
 
 from __future__ import annotations
@@ -9,34 +8,24 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from enum import Enum
 from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
-from ..convert.hf import HFError
-from ..convert.tp_plan import PlanError, load_plan_file
-from ..format.errors import ShardspecError
+from ..convert.tp_plan import load_plan_file
 from ..format.limits import DEFAULT_MAX_FILE_SIZE, MAX_SIZE
 from .app import (
-    app,
     cannot_run,
+    command,
     err,
-    exit_code,
+    flag,
     human_size,
     out,
-    print_finding,
+    plural,
+    progress,
     storage_options_for,
 )
 
@@ -58,34 +47,6 @@ def parse_size(text: str) -> int:
     if value > MAX_SIZE:
         raise typer.BadParameter(f"{text!r} is not a size below 2^63 bytes (SPEC 12)")
     return value
-
-
-@contextmanager
-def _progress(what: str) -> Iterator[Callable[[int, int], None] | None]:
-    """A transient progress bar on a terminal (stderr); nothing otherwise."""
-    if not err.is_terminal:
-        yield None
-        return
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), TimeRemainingColumn(), console=err,
-                  transient=True) as bar:
-        task = bar.add_task(what, total=None)
-
-        def advance(count: int, total: int) -> None:
-            bar.update(task, total=total, advance=count)
-
-        yield advance
-
-
-@contextmanager
-def _errors() -> Iterator[None]:
-    try:
-        yield
-    except ShardspecError as exc:
-        print_finding(exc.finding)
-        raise typer.Exit(exit_code([exc.finding])) from None
-    except (PlanError, HFError, FileExistsError, NotADirectoryError, ValueError, OSError) as exc:
-        cannot_run(str(exc))
 
 
 def _load_stages(path: Path | None) -> dict[str, int] | None:
@@ -110,7 +71,7 @@ class _Quantize(str, Enum):
     fp8 = "fp8"
 
 
-@app.command("convert")
+@command("convert")
 def convert_command(
     src: Annotated[str, typer.Argument(help="The Hugging Face checkpoint directory (local).",
                                        show_default=False)],
@@ -130,13 +91,13 @@ def convert_command(
     stages: Annotated[Path | None, typer.Option(
         "--stages", help="JSON file mapping name patterns to pipeline stages, overriding the "
         "default (contiguous layers; embedding first, final norm and LM head last).")] = None,
-    allow_uneven: Annotated[bool, typer.Option(
+    allow_uneven: Annotated[bool, flag(
         "--allow-uneven", help="Split dims the TP size does not divide (first ranks get one "
         "more).")] = False,
     max_file_size: Annotated[str, typer.Option(
         "--max-file-size", help="Cap on one data file (a new part starts past it).")
-    ] = str(DEFAULT_MAX_FILE_SIZE),
-    overwrite: Annotated[bool, typer.Option("--overwrite",
+    ] = f"{DEFAULT_MAX_FILE_SIZE // 2**30}GiB",
+    overwrite: Annotated[bool, flag("--overwrite",
                                             help="Replace a checkpoint in DST.")] = False,
     names: Annotated[_Names, typer.Option(
         "--names",
@@ -155,23 +116,24 @@ def convert_command(
     from ..convert.from_hf import convert  # imports torch: only when the command runs
     cap = parse_size(max_file_size)
     started = time.perf_counter()
-    with _errors():
-        tp_plan = load_plan_file(plan) if plan is not None else None
-        with _progress("converting") as progress:
-            manifest = convert(src, dst, tp_size=tp, pp_size=pp, ep_size=ep, plan=tp_plan,
-                               stages=_load_stages(stages), allow_uneven=allow_uneven,
-                               max_file_size=cap, overwrite=overwrite, progress=progress,
-                               names=names.value,
-                               quantize=None if quantize is None else quantize.value,
-                               storage_options=storage_options_for(dst))
+    tp_plan = load_plan_file(plan) if plan is not None else None
+    with progress("converting") as bar:
+        manifest = convert(src, dst, tp_size=tp, pp_size=pp, ep_size=ep, plan=tp_plan,
+                           stages=_load_stages(stages), allow_uneven=allow_uneven,
+                           max_file_size=cap, overwrite=overwrite, progress=bar.add,
+                           names=names.value,
+                           quantize=None if quantize is None else quantize.value,
+                           storage_options=storage_options_for(dst))
     size = sum(f.size for r in manifest.ranks for f in r.files)
+    files = sum(len(r.files) for r in manifest.ranks)
     out.print(f"[bold green]converted[/] {src} -> {dst}: tp={tp} pp={pp} ep={ep}, "
-              f"{len(manifest.tensors)} tensors, {manifest.world_size} ranks, "
-              f"{sum(len(r.files) for r in manifest.ranks)} data files ({human_size(size)}), "
-              f"{len(manifest.extra_files)} extra files in {time.perf_counter() - started:.1f} s")
+              f"{plural(len(manifest.tensors), 'tensor')}, "
+              f"{plural(manifest.world_size, 'rank')}, {plural(files, 'data file')} "
+              f"({human_size(size)}), {plural(len(manifest.extra_files), 'extra file')} in "
+              f"{time.perf_counter() - started:.1f} s")
 
 
-@app.command("merge")
+@command("merge")
 def merge_command(
     src: Annotated[str, typer.Argument(help="The shardspec checkpoint (a local directory).",
                                        show_default=False)],
@@ -180,34 +142,37 @@ def merge_command(
     max_shard_size: Annotated[str, typer.Option(
         "--max-shard-size", help="Cap on one shard, as Hugging Face counts it (5GB = 5e9 "
         "bytes).")] = "5GB",
-    verify: Annotated[bool, typer.Option("--verify", help="Verify every checksum first.")
-                      ] = False,
-    overwrite: Annotated[bool, typer.Option("--overwrite",
+    verify: Annotated[bool, typer.Option(
+        "--verify/--no-verify", metavar="",
+        help="Verify every checksum of the source before writing (default); --no-verify trusts "
+        "it.")] = True,
+    overwrite: Annotated[bool, flag("--overwrite",
                                             help="Replace the weights in DST.")] = False,
 ) -> None:
     """Merge a shardspec checkpoint back into a Hugging Face checkpoint (shards + index)."""
     from ..convert.to_hf import merge
     cap = parse_size(max_shard_size)
     started = time.perf_counter()
-    with _errors(), _progress("merging") as progress:
+    with progress("merging") as bar:
         files = merge(src, dst, max_shard_size=cap, overwrite=overwrite, verify=verify,
-                      progress=progress)
+                      progress=bar.add)
     out.print(f"[bold green]merged[/] {src} -> {dst}: {', '.join(files)} in "
               f"{time.perf_counter() - started:.1f} s")
 
 
-@app.command("import-vllm")
+@command("import-vllm")
 def import_vllm_command(
     path: Annotated[str, typer.Argument(help="A local directory written by vLLM's "
                                         "save_sharded_state.", show_default=False)],
-    overwrite: Annotated[bool, typer.Option("--overwrite",
+    overwrite: Annotated[bool, flag("--overwrite",
                                             help="Replace an existing manifest.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON summary.")] = False,
+    as_json: Annotated[bool, flag("--json", help="Print a JSON summary (errors too).")
+                       ] = False,
 ) -> None:
     """Add a manifest to a vLLM sharded-state directory; no data file is rewritten."""
     from ..convert.from_vllm import import_vllm
-    with _errors(), _progress("checksumming") as progress:
-        result = import_vllm(path, overwrite=overwrite, progress=progress)
+    with progress("checksumming") as bar:
+        result = import_vllm(path, overwrite=overwrite, progress=bar.add)
     manifest = result.manifest
     if as_json:
         out.print_json(json.dumps({
@@ -221,6 +186,6 @@ def import_vllm_command(
     for name, why in result.skipped.items():
         err.print(f"[yellow]skipped[/] {name}: {why}")
     out.print(f"[bold green]imported[/] {path}: tp={manifest.layout.tp_size}, "
-              f"{len(manifest.tensors)} rank-local tensors, "
-              f"{sum(len(r.files) for r in manifest.ranks)} data files, "
-              f"{len(manifest.extra_files)} extra files")
+              f"{plural(len(manifest.tensors), 'rank-local tensor')}, "
+              f"{plural(sum(len(r.files) for r in manifest.ranks), 'data file')}, "
+              f"{plural(len(manifest.extra_files), 'extra file')}")

@@ -17,8 +17,9 @@ from ..format.schema import schema_bytes
 from .app import (
     JsonOpt,
     PathArg,
-    app,
     cannot_run,
+    command,
+    flag,
     human_size,
     open_manifest,
     out,
@@ -69,17 +70,23 @@ def _inspect_dict(manifest: Manifest) -> dict[str, Any]:
     }
 
 
-@app.command("inspect")
+@command("inspect")
 def inspect_command(
     path: PathArg,
     tensor: Annotated[str | None, typer.Option("--tensor", help="Show how one tensor is split.")
                       ] = None,
+    tensors: Annotated[bool, flag(
+        "--tensors", help="List every tensor: dtype, global shape, split dims and each rank's "
+        "piece shape.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Show the layout, every rank's files and bytes, dtypes, quantization and total size."""
     manifest: Manifest = open_manifest(path).manifest
     if tensor is not None:
         _inspect_tensor(manifest, tensor, as_json)
+        return
+    if tensors:
+        _list_tensors(manifest, as_json)
         return
     info = _inspect_dict(manifest)
     if as_json:
@@ -154,6 +161,46 @@ def _inspect_tensor(manifest: Manifest, name: str, as_json: bool) -> None:
     _more(len(record.pieces), "pieces")
 
 
+def _tensor_rows(manifest: Manifest) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for name, entry in manifest.tensors.items():
+        if isinstance(entry, Alias):
+            rows.append({"name": name, "alias_of": entry.alias_of})
+            continue
+        rows.append({
+            "name": name, "dtype": entry.dtype,
+            "shape": None if entry.shape is None else list(entry.shape),
+            "rank_local": entry.rank_local, "split_dims": _split_dims(entry),
+            "pieces": [{"rank": p.rank, "shape": list(p.shape), "replica": p.replica,
+                        **({} if p.offset is None else {"offset": list(p.offset)})}
+                       for p in sorted(entry.pieces, key=lambda p: p.rank)],
+        })
+    return rows
+
+
+def _list_tensors(manifest: Manifest, as_json: bool) -> None:
+    rows = _tensor_rows(manifest)
+    if as_json:
+        out.print_json(json.dumps({"tensors": rows}))
+        return
+    table = Table("tensor", "dtype", "global shape", "split", "pieces (shape x ranks)")
+    for row in rows:
+        if "alias_of" in row:
+            table.add_row(row["name"], "", "", "", f"alias of {row['alias_of']}")
+            continue
+        shapes = Counter(str(p["shape"]) for p in row["pieces"])
+        replicas = sum(1 for p in row["pieces"] if p["replica"])
+        pieces = ", ".join(f"{shape} x{count}" for shape, count in shapes.items())
+        if replicas:
+            pieces += f" ({replicas} replica{'' if replicas == 1 else 's'})"
+        split = "rank-local" if row["rank_local"] else (
+            "dim " + ", ".join(map(str, row["split_dims"])) if row["split_dims"]
+            else "replicated")
+        table.add_row(row["name"], row["dtype"], "-" if row["shape"] is None
+                      else str(row["shape"]), split, pieces)
+    out.print(table)
+
+
 def _split_dims(record: TensorRecord) -> list[int]:
     if record.shape is None:
         return []
@@ -161,7 +208,7 @@ def _split_dims(record: TensorRecord) -> list[int]:
             if len({(p.offset or ())[d] for p in record.pieces if p.offset}) > 1]
 
 
-@app.command("files")
+@command("files")
 def files_command(
     path: PathArg,
     rank: Annotated[int, typer.Option("--rank", help="The rank whose files to list.", min=0)],
@@ -183,7 +230,7 @@ def files_command(
         sys.stdout.write(name + "\n")
 
 
-@app.command("schema")
+@command("schema")
 def schema_command() -> None:
     """Print the manifest's JSON Schema (the one shipped with this package)."""
     sys.stdout.write(schema_bytes().decode("utf-8"))

@@ -1,8 +1,9 @@
 """``shardspec reshard SRC DST --tp N [--pp M]``: write a checkpoint again with another layout.
 
-Registered on :data:`shardspec.cli.app` when :mod:`shardspec.cli` is imported. Exit status: 0
-written, 1 the checkpoint is invalid or cannot be resharded (the finding is printed), 2 the
-command could not run (bad arguments, a destination that is not empty).
+Registered on :data:`shardspec.cli.app` when :mod:`shardspec.cli` is imported. Exit status and
+errors as for every command (:mod:`shardspec.cli.app`): 1 the source checkpoint is invalid
+(a checksum among them: every byte read is verified), 2 the command could not run (bad
+arguments, a layout the checkpoint cannot take, a destination that is not empty).
 """
 
 from __future__ import annotations
@@ -12,34 +13,26 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 
-from ..format.errors import ShardspecError
 from ..format.manifest import Layout, Manifest
 from ..storage.remote import is_remote
 from .app import (
     PathArg,
-    app,
     cannot_run,
-    err,
-    exit_code,
+    command,
+    flag,
     human_size,
     open_manifest,
     out,
-    print_finding,
+    plural,
+    progress,
     storage_options_for,
 )
 
 __all__ = ["reshard_command"]
 
 
-@app.command("reshard")
+@command("reshard")
 def reshard_command(
     source: PathArg,
     destination: Annotated[str, typer.Argument(
@@ -53,11 +46,13 @@ def reshard_command(
         "--ep", help="The new ep_size (default: the checkpoint's). Routed experts move whole to "
         "their new expert rank; it must divide each layer's number of experts.", min=1,
         max=65536)] = None,
-    overwrite: Annotated[bool, typer.Option(
+    overwrite: Annotated[bool, flag(
         "--overwrite", help="Replace a checkpoint already in DESTINATION.")] = False,
     verify: Annotated[bool, typer.Option(
-        "--verify", help="Also check the sha256 of every source file read (reads them whole).")
-    ] = False,
+        "--verify/--no-verify", metavar="",
+        help="Check the sha256 of every source data file, once each as it is first read, so "
+        "corrupt bytes are refused rather than written again under fresh checksums; "
+        "--no-verify trusts the source.")] = True,
     ignore_extension: Annotated[list[str] | None, typer.Option(
         "--ignore-extension", help="A must-understand extension known to be safe to ignore.")
     ] = None,
@@ -85,30 +80,12 @@ def reshard_command(
     options: dict[str, Any] = {"storage_options": storage_options_for(source),
                                "destination_options": storage_options_for(destination),
                                "gap_budget": gap_budget}
-    try:
-        if err.is_terminal:
-            with Progress("[progress.description]{task.description}", BarColumn(),
-                          DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                          console=err, transient=True) as bar:
-                task = bar.add_task("resharding", total=None)
-                manifest = reshard(
-                    source, destination, layout, overwrite=overwrite, verify=verify,
-                    ignore_extensions=tuple(ignore_extension or ()),
-                    progress=lambda done, total: bar.update(task, completed=done, total=total),
-                    **options)
-        else:
-            manifest = reshard(source, destination, layout, overwrite=overwrite, verify=verify,
-                               ignore_extensions=tuple(ignore_extension or ()), **options)
-    except ShardspecError as exc:
-        print_finding(exc.finding)
-        raise typer.Exit(exit_code([exc.finding])) from None
-    except FileExistsError:
-        cannot_run(f"{destination} is not empty; pass --overwrite to replace the checkpoint "
-                    "in it")
-    except (OSError, ValueError) as exc:
-        cannot_run(f"{destination}: {exc}")
+    with progress("resharding") as bar:
+        manifest = reshard(source, destination, layout, overwrite=overwrite, verify=verify,
+                           ignore_extensions=tuple(ignore_extension or ()), progress=bar.set,
+                           **options)
     size = sum(f.size for r in manifest.ranks for f in r.files)
     out.print(f"[bold green]resharded[/] {source} (tp={old.layout.tp_size} "
               f"pp={old.layout.pp_size} ep={old.layout.ep_size}) -> {destination} "
-              f"(tp={layout.tp_size} pp={layout.pp_size} ep={layout.ep_size}): {layout.size} "
-              f"ranks, {human_size(size)} of data")
+              f"(tp={layout.tp_size} pp={layout.pp_size} ep={layout.ep_size}): "
+              f"{plural(layout.size, 'rank')}, {human_size(size)} of data")

@@ -6,13 +6,6 @@ from collections import Counter
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
 from rich.text import Text
 
 from ..storage.location import Location
@@ -21,22 +14,25 @@ from ..validate import Report, validate
 from .app import (
     JsonOpt,
     PathArg,
-    app,
     cannot_run,
+    command,
     err,
     exit_code,
+    flag,
     location,
     out,
+    plural,
     print_finding,
     print_json,
+    progress,
 )
 
 __all__ = ["validate_command"]
 
-@app.command("validate")
+@command("validate")
 def validate_command(
     path: PathArg,
-    checksums: Annotated[bool, typer.Option("--checksums", help="Also verify every digest.")
+    checksums: Annotated[bool, flag("--checksums", help="Also verify every digest.")
                          ] = False,
     rank: Annotated[int | None, typer.Option("--rank", help="Check only this rank's files.",
                                              min=0)] = None,
@@ -51,11 +47,10 @@ def validate_command(
         manifest = read_manifest(root).manifest
         if manifest is not None and rank >= manifest.world_size:
             cannot_run(f"--rank {rank} is not in 0..{manifest.world_size - 1}")
-    if checksums and not as_json and err.is_terminal:
+    if checksums:
         report = _validate_with_progress(root, rank, ignore_extension or [])
     else:
-        report = validate(root, checksums=checksums, rank=rank,
-                          ignore_extensions=ignore_extension or ())
+        report = validate(root, rank=rank, ignore_extensions=ignore_extension or ())
     if as_json:
         print_json(report.to_dict())
     else:
@@ -71,12 +66,9 @@ def _validate_with_progress(path: Location, rank: int | None, ignore: list[str])
         total = sum(f.size for r in ranks if 0 <= r < parsed.world_size
                     for f in parsed.ranks[r].files)
         total += sum(f.size for f in parsed.extra_files)
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                  TransferSpeedColumn(), TimeRemainingColumn(), console=err,
-                  transient=True) as progress:
-        task = progress.add_task("verifying checksums", total=total or None)
+    with progress("verifying checksums") as bar:
         return validate(path, checksums=True, rank=rank, ignore_extensions=ignore,
-                        progress=lambda n: progress.advance(task, n))
+                        progress=lambda n: bar.add(n, total))
 
 
 #: Findings of one code printed as text; the rest are counted (``--json`` lists every one).
@@ -94,11 +86,12 @@ def _print_report(report: Report, checksums: bool) -> None:
         if count > MAX_PRINTED:
             err.print(Text(f"... and {count - MAX_PRINTED} more [{code}] findings "
                            "(--json lists every one)"))
-    summary = (f"{report.files_checked} files checked"
-               + (f", {report.checksums_verified} checksums verified" if checksums else ""))
+    summary = (plural(report.files_checked, "file") + " checked"
+               + (f", {plural(report.checksums_verified, 'checksum')} verified"
+                  if checksums else ""))
     if report.ok:
-        note = f" with {len(report.warnings)} warnings" if report.warnings else ""
+        note = f" with {plural(len(report.warnings), 'warning')}" if report.warnings else ""
         out.print(f"[bold green]valid[/] {report.path}: {summary}{note}")
     else:
-        out.print(f"[bold red]invalid[/] {report.path}: {len(report.errors)} errors, "
-                  f"{len(report.warnings)} warnings; {summary}")
+        out.print(f"[bold red]invalid[/] {report.path}: {plural(len(report.errors), 'error')}, "
+                  f"{plural(len(report.warnings), 'warning')}; {summary}")

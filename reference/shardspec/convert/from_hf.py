@@ -31,6 +31,7 @@ import json
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -55,14 +56,17 @@ from . import fp8
 from .directories import Progress, hf_extra_files, local_dir, read_json
 from .hf import HFSource, OutTensor, iter_box, write_safetensors
 from .plan import LM_HEAD, Split, Tied, plan_splits
-from .tp_plan import PlanError, TPPlan
-from .vllm_names import Fused, fuse_for_vllm
+from .tp_plan import PlanError, PlanWarning, TPPlan
+from .vllm_names import Constant, Fused, fuse_for_vllm
 
 __all__ = ["NAME_STYLES", "convert"]
 
 
 #: The values of ``convert``'s ``names``: Hugging Face's parameter names, or vLLM's fused ones.
 NAME_STYLES = ("hf", "vllm")
+
+#: How a tensor of the output is made: a split of a source tensor, a tie, vLLM's fusion, a constant.
+Written = Split | Tied | Fused | Constant
 
 
 def _quantization(config: Mapping[str, Any] | None) -> Quantization:
@@ -74,7 +78,7 @@ def _quantization(config: Mapping[str, Any] | None) -> Quantization:
     return Quantization()
 
 
-def _rank_infos(layout: Layout, splits: Mapping[str, Split | Tied | Fused], tied: str | None
+def _rank_infos(layout: Layout, splits: Mapping[str, Written], tied: str | None
                 ) -> list[RankInfo]:
     infos = []
     copies: dict[str, dict[tuple[tuple[int, ...], tuple[int, ...]], int]] = {}
@@ -149,8 +153,8 @@ def convert(
     before writing anything when the source or the plan is unusable.
 
     ``names="vllm"`` writes vLLM's fused ``qkv_proj`` and ``gate_up_proj`` tensors, rank-local,
-    in place of the Hugging Face projections (see the module's docstring); it needs
-    ``tp_size > 1`` and ``pp_size == 1``, head counts in ``config.json`` that the TP size
+    in place of the Hugging Face projections, and the attention layers' scale buffers (see the
+    module's docstring); it needs ``pp_size == 1``, head counts in ``config.json`` that the TP size
     divides, and at least as many key/value heads as ranks.
     """
     for label, value in (("tp_size", tp_size), ("pp_size", pp_size), ("ep_size", ep_size)):
@@ -158,10 +162,9 @@ def convert(
             raise ValueError(f"{label} must be a positive integer, got {value!r}")
     if names not in NAME_STYLES:
         raise ValueError(f"names must be one of {list(NAME_STYLES)}, got {names!r}")
-    if names == "vllm" and (tp_size < 2 or pp_size != 1):
-        raise PlanError(f"names='vllm' needs tp_size > 1 and pp_size = 1 (got tp={tp_size}, "
-                        f"pp={pp_size}): vLLM's sharded-state loader reads tensor-parallel "
-                        "checkpoints only")
+    if names == "vllm" and pp_size != 1:
+        raise PlanError(f"names='vllm' needs pp_size = 1 (got pp={pp_size}): vLLM's "
+                        "sharded-state loader names pipeline stages' files otherwise")
     source = HFSource(local_dir(src, "the Hugging Face checkpoint to convert"))
     root = locate(dst, storage_options)
     if isinstance(root, Path) and root.resolve() == source.root.resolve():
@@ -171,7 +174,7 @@ def convert(
                         "tensor-parallel checkpoints only")
     layout = Layout(tp_size=tp_size, pp_size=pp_size, ep_size=ep_size)
     planned = plan_splits(source, layout, plan, stages, allow_uneven, quantize)
-    splits: dict[str, Split | Tied | Fused] = dict(planned.splits)
+    splits: dict[str, Written] = dict(planned.splits)
     if names == "vllm":
         splits = fuse_for_vllm(planned.splits, source.config, tp_size)
     extras = hf_extra_files(source.root, exclude=root if isinstance(root, Path) else None)
@@ -184,6 +187,8 @@ def convert(
         logical=planned.logical, ties=planned.ties, metadata={**info, **(metadata or {})},
         extra_files=list(extras), max_file_size=max_file_size,
     )
+    for notice in planned.notices:  # once every check has passed: the layout is written
+        warnings.warn(notice, PlanWarning, stacklevel=2)
     with tempfile.TemporaryDirectory(prefix="shardspec-convert-") as folder:
         if quantize == "fp8" and "config.json" in extras:
             extras["config.json"] = _with_quantization(extras["config.json"], Path(folder))
@@ -200,7 +205,7 @@ def _with_quantization(config: Path, folder: Path) -> Path:
 
 
 def _write_converted(root: Location, layout: Layout, draft: Manifest,
-                     splits: Mapping[str, Split | Tied | Fused], extras: Mapping[str, Path],
+                     splits: Mapping[str, Written], extras: Mapping[str, Path],
                      overwrite: bool, progress: Progress | None) -> Manifest:
     total = sum(byte_size(DTYPES[r.dtype], p.shape) or 0 for r in draft.tensors.values()
                 if isinstance(r, TensorRecord) for p in r.pieces)
@@ -240,7 +245,7 @@ def _names_by_file(draft: Manifest, rank: int) -> dict[str, list[str]]:
     return names
 
 
-def _piece_out(name: str, split: Split | Tied | Fused, coords: Mapping[str, int],
+def _piece_out(name: str, split: Written, coords: Mapping[str, int],
                draft: Manifest) -> OutTensor:
     record = draft.tensors[name]
     assert isinstance(record, TensorRecord)
@@ -257,9 +262,11 @@ def _piece_out(name: str, split: Split | Tied | Fused, coords: Mapping[str, int]
     return OutTensor(name, record.dtype, shape, nbytes, _chunks_of(split, coords))
 
 
-def _chunks_of(split: Split | Tied, coords: Mapping[str, int]
+def _chunks_of(split: Split | Tied | Constant, coords: Mapping[str, int]
                ) -> Callable[[], Iterator[bytes | bytearray]]:
     """The bytes of the rank's piece: read from the source, or quantized as they are read."""
+    if isinstance(split, Constant):
+        return lambda: iter([split.data()])
     ep_rank, tp_rank = coords["ep_rank"], coords["tp_rank"]
     base = split.base if isinstance(split, Tied) else split
     base_box = base.box(ep_rank, tp_rank)

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..format.dtypes import DTYPES, DType
 from ..format.errors import ShardspecError
+from ..format.limits import MANIFEST_NAME
 from ..format.safetensors_header import Entry, read_header
 from ..storage.commit import fsync_dir, write_durably
 
@@ -128,6 +129,8 @@ class HFSource:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        if not os.path.lexists(self.root):
+            raise HFError(f"{self.root}: no such directory")
         if not self.root.is_dir():
             raise HFError(f"{self.root}: not a directory")
         self.config = read_config(self.root)
@@ -148,6 +151,10 @@ class HFSource:
             return [HF_SINGLE]
         index_path = self.root / HF_INDEX
         if not index_path.is_file():
+            if (self.root / MANIFEST_NAME).is_file():
+                raise HFError(f"{self.root} is a shardspec checkpoint, not a Hugging Face one: "
+                              "change its layout with shardspec reshard, or turn it back into "
+                              "a Hugging Face directory with shardspec merge")
             found = sorted(p.name for p in self.root.glob("*.safetensors"))
             hint = f" (found {found} without an index)" if found else ""
             raise HFError(f"{self.root}: no {HF_SINGLE} and no {HF_INDEX}{hint}")

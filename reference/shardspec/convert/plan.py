@@ -26,10 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..format.experts import expert_rank, find_experts
+from ..format.heads import HeadCounts, HeadsError, Kind, head_counts, head_kind
 from ..format.manifest import Layout, Logical, TensorRecord, Tie
-from ..format.stages import assign_stages
+from ..format.stages import assign_stages, layer_index
 from ..format.ties import Box, packing, tied_box
 from . import fp8
+from .heads import cut_heads, query_first
 from .hf import HFSource, SourceTensor
 from .quantized import Base, Quantized, find_quantized
 from .tp_plan import PlanError, TPPlan, match_pattern, resolve_plan, split_dim, split_sizes
@@ -55,6 +57,9 @@ class Split:
     expert_rank: int | None = None      # one expert's tensor: only this expert rank holds it
     expert_sizes: tuple[int, ...] = ()  # stacked experts: per expert rank along dim 0
     quantize: bool = False              # written as F8_E4M3 (``convert --quantize fp8``)
+    #: per tp rank, where its piece starts along ``dim`` (stored elements); empty: the runs of
+    #: ``sizes`` one after the other. Replicated key/value heads start where another rank's do.
+    starts: tuple[int, ...] = ()
 
     @property
     def dtype(self) -> str:
@@ -73,7 +78,8 @@ class Split:
         if self.expert_sizes:
             offset[0], shape[0] = sum(self.expert_sizes[:ep_rank]), self.expert_sizes[ep_rank]
         if self.dim is not None:
-            offset[self.dim] += sum(self.sizes[:tp_rank])
+            offset[self.dim] += self.starts[tp_rank] if self.starts \
+                else sum(self.sizes[:tp_rank])
             shape[self.dim] = self.sizes[tp_rank]
         return tuple(offset), tuple(shape)
 
@@ -111,6 +117,9 @@ class Plan:
     tied_embedding: str | None
     logical: dict[str, Logical]
     ties: dict[str, Tie]
+    #: what the user should know about the layout (replicated key/value heads, a pipeline
+    #: stage without layers): ``convert`` issues each as a :class:`PlanWarning`
+    notices: tuple[str, ...] = ()
 
 
 def _tied_embedding(source: HFSource) -> str | None:
@@ -217,6 +226,10 @@ def plan_splits(
     own = [n for n in sources if n not in ties]            # split by their own style
     styles = resolve_plan(source.config, plan).styles(own)
     experts = find_experts({n: sources[n].shape for n in own}) if layout.ep_size > 1 else {}
+    if layout.ep_size > 1 and not experts:
+        raise PlanError(f"ep_size (--ep) is {layout.ep_size}, but the checkpoint has no routed "
+                        "experts (no tensor named like '...experts.<e>...' or a stacked "
+                        "'...experts.<param>'); use ep_size 1")
     for record in experts.values():
         if record.experts % layout.ep_size:
             raise PlanError(f"{record.group} has {record.experts} experts, which "
@@ -224,15 +237,20 @@ def plan_splits(
                             "divide the number of experts)")
     stage_of = assign_stages(list(sources) + sorted(computed), layout.pp_size,
                              _expand_stages(list(sources), stages))
+    try:
+        counts = head_counts(source.config)
+    except HeadsError as exc:
+        raise PlanError(str(exc)) from None
     ties_of: dict[str, list[Tie]] = {}
     for tie in ties.values():
         ties_of.setdefault(tie.tensor, []).append(tie)
     splits: dict[str, Split | Tied] = {}
-    for name in own:
+    for name in query_first(own):
         splits[name] = _split(name, sources[name], styles[name], found.bases.get(name),
                               experts.get(name), layout, stage_of[name],
                               ties_of.get(name, []), allow_uneven,
-                              quantize is not None and name in found.bases)
+                              quantize is not None and name in found.bases, counts)
+    splits = {name: splits[name] for name in own}  # the source's order
     for name, tie in ties.items():
         base = splits.get(tie.tensor)
         if not isinstance(base, Split):
@@ -250,12 +268,41 @@ def plan_splits(
         _check_tied(name, tied, layout)
         splits[name] = tied
     logical = {n: b.logical for n, b in found.bases.items()}
-    return Plan(splits, tied_lm, logical, dict(ties))
+    notices = _kv_notice(splits, counts, layout) + _stage_notices(stage_of, layout)
+    return Plan(splits, tied_lm, logical, dict(ties), notices)
+
+
+def _kv_notice(splits: Mapping[str, Split | Tied], counts: HeadCounts | None,
+               layout: Layout) -> tuple[str, ...]:
+    replicated = [n for n, s in splits.items()
+                  if isinstance(s, Split) and len(set(s.starts)) < len(s.starts)]
+    if not replicated or counts is None:
+        return ()
+    copies = layout.tp_size // counts.num_kv_heads
+    kv = counts.num_kv_heads
+    return (f"the model has {kv} key/value head{'' if kv == 1 else 's'} and tp_size (--tp) is "
+            f"{layout.tp_size}: as vLLM does, each key/value head is held by {copies} "
+            f"consecutive tensor-parallel ranks, recorded as replicas (SPEC 7.4) of "
+            f"{len(replicated)} tensors such as {replicated[0]!r}",)
+
+
+def _stage_notices(stage_of: Mapping[str, int], layout: Layout) -> tuple[str, ...]:
+    with_layers = {stage_of[n] for n in stage_of if layer_index(n) is not None}
+    if not with_layers:
+        return ()
+    empty = [s for s in range(layout.pp_size) if s not in with_layers]
+    if not empty:
+        return ()
+    layers = len({layer_index(n) for n in stage_of} - {None})
+    stages = ", ".join(str(s) for s in empty)
+    return (f"pipeline stage{'s' if len(empty) > 1 else ''} {stages} of pp_size (--pp) "
+            f"{layout.pp_size} hold{'' if len(empty) > 1 else 's'} no transformer layer (the "
+            f"model has {layers} layer{'' if layers == 1 else 's'})",)
 
 
 def _split(name: str, src: SourceTensor, style: str, base: Base | None, expert: Any,
            layout: Layout, stage: int, ties: list[Tie], allow_uneven: bool,
-           quantize: bool) -> Split:
+           quantize: bool, counts: HeadCounts | None) -> Split:
     grid = base.logical.shape if base is not None else src.shape
     record = TensorRecord(dtype=src.dtype.name, shape=src.shape, pieces=(),
                           logical=None if base is None else base.logical)
@@ -266,6 +313,7 @@ def _split(name: str, src: SourceTensor, style: str, base: Base | None, expert: 
     units = _units(grid, pack, ties)
     dim = split_dim(style, grid, name)
     ndim = len(grid)
+    kind = head_kind(name, dim, ndim) if dim is not None and layout.tp_size > 1 else None
     if dim is not None and base is not None and base.input_major and ndim >= 2 \
             and dim >= ndim - 2:
         dim = (2 * ndim - 3) - dim  # the grid is [in, out]: swap the last two dims
@@ -275,7 +323,13 @@ def _split(name: str, src: SourceTensor, style: str, base: Base | None, expert: 
                         "the weight (SPEC 8.4), so nothing records which go with a slice; keep "
                         "it whole (style 'replicate') or convert a checkpoint without desc_act")
     sizes: tuple[int, ...] = ()
-    if dim is not None:
+    starts: tuple[int, ...] = ()
+    if dim is not None and kind is not None:
+        head_starts, head_sizes = _head_aligned(name, kind, grid[dim], layout.tp_size,
+                                                units[dim], dim, counts)
+        starts = tuple(s // pack[dim] for s in head_starts)
+        sizes = tuple(s // pack[dim] for s in head_sizes)
+    elif dim is not None:
         grid_sizes = _aligned_sizes(name, grid[dim], layout.tp_size, units[dim],
                                     "tensor-parallel ranks", allow_uneven, dim)
         sizes = tuple(s // pack[dim] for s in grid_sizes)
@@ -290,7 +344,24 @@ def _split(name: str, src: SourceTensor, style: str, base: Base | None, expert: 
         grid_sizes = _aligned_sizes(name, grid[0], layout.ep_size, units[0], "expert ranks",
                                     False, 0)
         expert_sizes = tuple(s // pack[0] for s in grid_sizes)
-    return Split(src, style, dim, sizes, stage, expert_at, expert_sizes, quantize)
+    return Split(src, style, dim, sizes, stage, expert_at, expert_sizes, quantize, starts)
+
+
+def _head_aligned(name: str, kind: Kind, length: int, parts: int, unit: int, dim: int,
+                  counts: HeadCounts | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The runs of whole heads each rank holds (:func:`head_runs`), refused where one would
+    end inside a block or pack of ``unit`` elements (SPEC 8.4)."""
+    starts, sizes = cut_heads(name, kind, length, parts, counts)
+    for start, size in zip(starts, sizes, strict=True):
+        for edge in (start, start + size):
+            if edge % unit and edge != length:
+                raise PlanError(
+                    f"tensor {name!r}: dealing whole heads to {parts} tensor-parallel ranks "
+                    f"puts a boundary at element {edge} of dim {dim} ({length} elements), "
+                    f"inside a block or pack of {unit} (its packing, or the blocks of a scale "
+                    "or zero point tied to it, SPEC 8.4); choose a TP size whose ranks hold "
+                    "whole blocks")
+    return starts, sizes
 
 
 def _check_tied(name: str, tied: Tied, layout: Layout) -> None:

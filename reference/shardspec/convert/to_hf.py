@@ -169,7 +169,7 @@ def _tie_partner(manifest: Manifest) -> str | None:
 
 
 def _prepare_hf_directory(root: Path, overwrite: bool) -> None:
-    existing = claim_directory(root, overwrite)
+    existing = claim_directory(root, overwrite, leftovers=False)
     if not existing:
         return
     uncommit(root)
@@ -186,13 +186,14 @@ def merge(
     *,
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
     overwrite: bool = False,
-    verify: bool = False,
+    verify: bool = True,
     progress: Progress | None = None,
 ) -> list[str]:
     """Write the shardspec checkpoint ``src`` as a Hugging Face checkpoint directory ``dst``.
 
-    The checkpoint is validated first (with every checksum when ``verify``). Returns the
-    weight files written (``model.safetensors``, or the shards and the index, last).
+    The checkpoint is validated first, with every checksum unless ``verify=False`` (corrupt
+    bytes are refused, not written again as a good Hugging Face file). Returns the weight
+    files written (``model.safetensors``, or the shards and the index, last).
     """
     source_root = local_dir(src, "the checkpoint to merge")
     root = local_dir(dst, "the Hugging Face directory to write")

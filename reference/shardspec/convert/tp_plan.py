@@ -67,6 +67,7 @@ __all__ = [
     "MOE_MODEL_TYPES",
     "QWEN_MOE_PLAN",
     "PlanError",
+    "PlanWarning",
     "REPLICATED",
     "STYLES",
     "TPPlan",
@@ -80,6 +81,11 @@ __all__ = [
 
 class PlanError(ValueError):
     """A plan that cannot be applied: unknown style, unmatched tensor, bad split."""
+
+
+class PlanWarning(UserWarning):
+    """A layout convert writes but the user should know of: key/value heads replicated over
+    tensor-parallel ranks, a pipeline stage without a transformer layer."""
 
 
 #: Marker for "replicated" in :data:`STYLES`.

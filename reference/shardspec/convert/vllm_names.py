@@ -5,19 +5,32 @@ then its v rows (``num_attention_heads / tp`` query heads and ``num_key_value_he
 key/value heads), and its ``...mlp.gate_up_proj.weight`` its gate rows then its up rows. Under
 grouped-query attention such a piece is not a slice of one global tensor, so the fused tensors
 are rank-local (SPEC 7.5).
+
+vLLM's ``sharded_state`` loader fills the model's whole ``state_dict()``, buffers included, and
+refuses a directory that lacks one. vLLM's ``Attention`` layer (at ``...self_attn.attn``)
+registers four float32 scalars, ``_k_scale``, ``_v_scale``, ``_q_scale`` and ``_prob_scale``
+(vLLM 0.32/0.33), which its default loader leaves at 1.0 for a checkpoint without KV-cache
+scales; each attention layer gets them here with that value, replicated on every rank.
+
+vLLM pads the vocabulary of the embedding and the LM head to a multiple of 64 rows and gives
+each rank an equal run of the padded rows (:func:`vocab_rows`); each rank's tensor is that run,
+zero rows included (rank-local, :class:`PaddedVocab`).
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..format.dtypes import byte_size
 from .hf import iter_slice
 from .plan import Split, Tied
 from .tp_plan import PlanError
 
-__all__ = ["Fused", "fuse_for_vllm"]
+__all__ = ["ATTENTION_SCALES", "VOCAB_PADDING", "Constant", "Fused", "PaddedVocab",
+           "fuse_for_vllm", "vocab_rows"]
 
 
 #: vLLM's fusions: (module suffix of the fused parameter, the Hugging Face modules it joins).
@@ -25,6 +38,26 @@ _VLLM_FUSIONS = (
     ("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
     ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")),
 )
+
+
+#: The buffers of vLLM's ``Attention`` layer, and the value its default loader leaves in them.
+ATTENTION_SCALES = {"_k_scale": 1.0, "_v_scale": 1.0, "_q_scale": 1.0, "_prob_scale": 1.0}
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A float32 scalar with a known value, held alike by every rank of its stage."""
+
+    value: float
+    stage: int
+    dtype = "F32"
+    shape: tuple[int, ...] = ()
+
+    def box(self, ep_rank: int, tp_rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return (), ()
+
+    def data(self) -> bytes:
+        return struct.pack("<f", self.value)
 
 
 @dataclass(frozen=True)
@@ -51,6 +84,41 @@ class Fused:
             yield from iter_slice(member.source, 0, start, start + box[1][0])
 
 
+#: vLLM pads the vocabulary of its embedding and LM head to a multiple of this
+#: (DEFAULT_VOCAB_PADDING_SIZE) and gives each tensor-parallel rank an equal run of the padded rows.
+VOCAB_PADDING = 64
+_VOCAB_TENSORS = ("embed_tokens.weight", "lm_head.weight")
+
+
+def vocab_rows(vocab: int, tp_size: int, tp_rank: int, padding: int = VOCAB_PADDING
+               ) -> tuple[int, int, int]:
+    """(first row, rows of the vocabulary, rows in all) of rank ``tp_rank``'s run of a
+    vocabulary of ``vocab`` rows padded as vLLM pads it; the rest of its run is padding."""
+    per_rank = -(-vocab // padding) * padding // tp_size
+    start = min(tp_rank * per_rank, vocab)
+    return start, min(start + per_rank, vocab) - start, per_rank
+
+
+@dataclass(frozen=True)
+class PaddedVocab(Fused):
+    """vLLM's shard of an embedding or LM head: the rank's run of the padded vocabulary, its
+    rows of the tensor followed by zero rows (what vLLM's default loader leaves there)."""
+
+    tp_size: int = 1
+
+    def shape(self, tp_rank: int) -> tuple[int, ...]:
+        source = self.members[0].source
+        return (vocab_rows(source.shape[0], self.tp_size, tp_rank)[2], *source.shape[1:])
+
+    def chunks(self, tp_rank: int) -> Iterator[bytes | bytearray]:
+        source = self.members[0].source
+        start, rows, per_rank = vocab_rows(source.shape[0], self.tp_size, tp_rank)
+        yield from iter_slice(source, 0, start, start + rows)
+        padding = byte_size(source.dtype, (per_rank - rows, *source.shape[1:]))
+        if padding:
+            yield bytes(padding)
+
+
 def _config_int(config: Mapping[str, Any], key: str) -> int:
     value = config.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -60,9 +128,10 @@ def _config_int(config: Mapping[str, Any], key: str) -> int:
 
 
 def fuse_for_vllm(splits: dict[str, Split | Tied], config: Mapping[str, Any] | None,
-                   tp_size: int) -> dict[str, Split | Tied | Fused]:
+                   tp_size: int) -> dict[str, Split | Tied | Fused | Constant]:
     """``splits`` with vLLM's fused tensors in place of the projections they join (each at
-    the position of its first member); PlanError where vLLM's layout cannot be written."""
+    the position of its first member), and each attention layer's scale buffers
+    (:data:`ATTENTION_SCALES`); PlanError where vLLM's layout cannot be written."""
     config = config or {}
     heads = _config_int(config, "num_attention_heads")
     kv_heads = _config_int(config, "num_key_value_heads") \
@@ -108,9 +177,12 @@ def fuse_for_vllm(splits: dict[str, Split | Tied], config: Mapping[str, Any] | N
         raise PlanError(f"names='vllm' cannot fuse quantized projections: {tied[0]!r} is tied "
                         "to a weight (SPEC 8.4); use names='hf'")
     plain = {n: s for n, s in splits.items() if isinstance(s, Split)}
-    out: dict[str, Split | Tied | Fused] = {}
+    out: dict[str, Split | Tied | Fused | Constant] = {}
     for name, split in plain.items():
         target = fused_at.get(name)
+        if target is None and name.endswith(_VOCAB_TENSORS) and split.dim == 0:
+            out[name] = PaddedVocab((split,), split.stage, tp_size)
+            continue
         if target is None:
             out[name] = split
             continue
@@ -140,4 +212,11 @@ def fuse_for_vllm(splits: dict[str, Split | Tied], config: Mapping[str, Any] | N
             raise PlanError(f"names='vllm': the tensors fused into {target!r} are on different "
                             "pipeline stages")
         out[target] = Fused(members, members[0].stage)
+        if target.endswith("self_attn.qkv_proj.weight"):
+            attention = target[: -len("qkv_proj.weight")] + "attn."
+            for buffer, value in ATTENTION_SCALES.items():
+                if attention + buffer in splits:
+                    raise PlanError(f"names='vllm': the checkpoint already holds "
+                                    f"{attention + buffer!r}")
+                out[attention + buffer] = Constant(value, members[0].stage)
     return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from .dtypes import DTYPES, byte_size, element_count
+from .dtypes import DTYPES, bit_count, byte_size, element_count
 from .errors import Finding
 from .limits import MANIFEST_NAME, MAX_NAME_BYTES, MAX_PATH_BYTES
 from .manifest import Alias, Manifest, Piece, TensorRecord
@@ -120,13 +120,14 @@ def _check_pieces(
     name: str, record: TensorRecord, files_of_rank: dict[int, set[str]]
 ) -> Iterator[Finding]:
     dtype = DTYPES[record.dtype]
-    shapes = [record.shape] if record.shape is not None else []
+    shapes = [(dtype, record.shape)] if record.shape is not None else []
     if record.logical is not None:
-        shapes.append(record.logical.shape)
-    for shape in shapes:
-        if element_count(shape) is None:
+        shapes.append((DTYPES[record.logical.dtype], record.logical.shape))
+    for of, shape in shapes:  # SPEC 7.1 rule 4: element and bit counts
+        if bit_count(of, shape) is None:
+            what = "elements" if element_count(shape) is None else f"bits as {of.name}"
             yield Finding(code="shape-overflow", tensor=name,
-                          message=f"shape {list(shape)} has 2^63 or more elements")
+                          message=f"shape {list(shape)} has 2^63 or more {what}")
     ranks_seen: set[int] = set()
     in_bounds: list[Piece] = []
     for index, piece in enumerate(record.pieces):

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .checks import _check_files, _check_layout
-from .dtypes import DTYPES, byte_size, element_count
+from .dtypes import DTYPES, bit_count, byte_size, element_count
 from .limits import MAX_NAME_BYTES, MAX_SIZE
 from .manifest import Alias, Manifest, Piece, TensorRecord
 from .overlap import first_overlap
@@ -62,9 +62,10 @@ def is_sound(manifest: Manifest) -> bool:
     if any(r.tied_to is not None for r in records) and next(check_ties(manifest), None):
         return False
     # Tensors share shapes: each distinct one is counted once.
-    shapes = {r.shape for r in records} | {r.logical.shape for r in records
-                                           if r.logical is not None}
-    if any(element_count(shape) is None for shape in shapes if shape is not None):
+    shapes = {(r.dtype, r.shape) for r in records} | {
+        (r.logical.dtype, r.logical.shape) for r in records if r.logical is not None}
+    if any(bit_count(DTYPES[dtype], shape) is None for dtype, shape in shapes
+           if shape is not None):
         return False
     # Global tensors first: their pieces, and only theirs, have offsets.
     records = [r for r in records if r.shape is not None] + [r for r in records

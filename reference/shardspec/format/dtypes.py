@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DTYPES",
     "DType",
+    "bit_count",
     "byte_size",
     "element_count",
     "from_torch",
@@ -93,6 +94,15 @@ def element_count(shape: tuple[int, ...] | list[int]) -> int | None:
         if count > MAX_SIZE:
             return None
     return count
+
+
+def bit_count(dtype: DType, shape: tuple[int, ...] | list[int]) -> int | None:
+    """Bits a tensor of ``shape`` takes, or None where its element count or its bit count
+    would reach 2**63 (SPEC 7.1 rule 4: either is shape-overflow for a tensor's shape)."""
+    count = element_count(shape)
+    if count is None or count * dtype.bits > MAX_SIZE:
+        return None
+    return count * dtype.bits
 
 
 def byte_size(dtype: DType, shape: tuple[int, ...] | list[int]) -> int | None:

@@ -48,9 +48,10 @@ def _reject_constant(name: str) -> Any:
     raise JSONProblem("nonfinite", f"{name} is not allowed (I-JSON)")
 
 
-#: binary64's largest finite magnitude is below 2**1024: integers from there on are "too large
+#: Integers from here on round to infinity in binary64 (round to nearest, ties to even: halfway
+#: between the largest finite binary64, 2**1024 - 2**971, and 2**1024), so they are "too large
 #: for an IEEE 754 binary64" (SPEC 3.3 rule 2), like 1e400.
-_BINARY64_LIMIT = 2**1024
+_BINARY64_LIMIT = 2**1024 - 2**970
 
 
 #: Digits of 2**1024; JSON has no leading zeros, so a token with more is past it, and is refused

@@ -5,7 +5,8 @@ and in the target (a column-parallel slice, a replicated tensor) is read straigh
 target's memory; others (a row-parallel slice) are read into a scratch buffer and copied with one
 strided copy. From a local file, runs less than :data:`COALESCE_GAP` apart are read as one, and
 reads that follow each other are gathered into one ``preadv``; from object storage every run of
-an object is planned together into ranged requests (:func:`requests_for`).
+an object is planned together into ranged requests (:func:`requests_for`), and so is every run
+of a local file read through :class:`BudgetedFileReads`, which bounds the gap bytes read.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .plan import SourcePiece, TargetPiece
 
 __all__ = [
     "COALESCE_GAP",
+    "BudgetedFileReads",
     "FileReads",
     "ReadStats",
     "RemoteReads",
@@ -127,7 +129,7 @@ def _extent(box: list[int], strides: list[int], start: int) -> int:
 
 
 def read_box(
-    reads: FileReads | RemoteReads,
+    reads: FileReads | BudgetedFileReads | RemoteReads,
     header: Header,
     name: str,
     target: TargetPiece,
@@ -156,9 +158,15 @@ def read_box(
     chunk = _extent(box, src_strides, level)
     count = math.prod(box[:level])
     buffer = scratch.get(count * chunk)
-    for index, outer in enumerate(itertools.product(*(range(b) for b in box[:level]))):
-        position = base + sum(i * s for i, s in zip(outer, src_strides, strict=False))
-        reads.read(position, buffer[index * chunk : (index + 1) * chunk])
+    if isinstance(reads, BudgetedFileReads):  # many runs: positions computed in bulk
+        positions = np.zeros(1, dtype=np.int64) + base
+        for b, stride in zip(box[:level], src_strides[:level], strict=True):
+            positions = (positions[:, None] + np.arange(b, dtype=np.int64) * stride).ravel()
+        reads.add_runs(positions, buffer, chunk)
+    else:
+        for index, outer in enumerate(itertools.product(*(range(b) for b in box[:level]))):
+            position = base + sum(i * s for i, s in zip(outer, src_strides, strict=False))
+            reads.read(position, buffer[index * chunk : (index + 1) * chunk])
     # One strided copy, in the widest unit that divides every row and offset. numpy's copy is
     # single-threaded: a small torch copy on a busy machine can wait milliseconds for its pool.
     unit = 8
@@ -230,6 +238,93 @@ class FileReads:
     def then(self, copy: Callable[[], object]) -> None:
         """Run ``copy`` once the reads so far are done (they are: :meth:`read` waits)."""
         copy()
+
+
+class BudgetedFileReads:
+    """One local file's reads, planned together as :class:`RemoteReads` plans an object's:
+    every wanted run is gathered, the smallest gaps are bridged while the bytes read beyond the
+    wanted ones, the file's header (``header_bytes``) included, stay within ``gap_budget`` x
+    the wanted bytes, and each resulting span is one ``preadv`` (in groups of the system's
+    IOV_MAX), its gaps landing in a discard buffer. A row-parallel slice of row-split pieces
+    (FSDP -> TP) is then read row by row instead of whole; the rows are planned with numpy, so
+    what a row costs is mostly its read call. Copies out of scratch buffers run after the
+    reads."""
+
+    #: Every gap is left to :meth:`flush`'s budget.
+    coalesce_gap = 0
+
+    def __init__(self, fd: int, stats: ReadStats, path: str, gap_budget: float,
+                 header_bytes: int = 0) -> None:
+        self.fd, self.stats, self.path, self.gap_budget = fd, stats, path, gap_budget
+        self.header_bytes = header_bytes
+        #: (file positions, buffer, run length): run i fills buffer[i * length : ...]
+        self.groups: list[tuple[np.ndarray, memoryview, int]] = []
+        self.copies: list[Callable[[], object]] = []
+
+    def add(self, position: int, into: torch.Tensor) -> None:
+        view = memoryview(into.numpy())  # type: ignore[arg-type]
+        if len(view):
+            self.groups.append((np.array([position], dtype=np.int64), view, len(view)))
+
+    read = add
+
+    def add_runs(self, positions: np.ndarray, buffer: torch.Tensor, length: int) -> None:
+        """Fill ``buffer`` with runs of ``length`` bytes from each of ``positions``, in order."""
+        if length and len(positions):
+            view = memoryview(buffer.numpy())  # type: ignore[arg-type]
+            self.groups.append((positions, view, length))
+
+    def barrier(self) -> None:
+        """Nothing: every run of the file is planned together in :meth:`flush`."""
+
+    def then(self, copy: Callable[[], object]) -> None:
+        self.copies.append(copy)
+
+    def flush(self) -> None:
+        groups, self.groups = self.groups, []
+        if groups:
+            self._read(groups)
+        copies, self.copies = self.copies, []
+        for copy in copies:
+            copy()
+
+    def _read(self, groups: list[tuple[np.ndarray, memoryview, int]]) -> None:
+        starts = np.concatenate([positions for positions, _, _ in groups])
+        lengths = np.concatenate([np.full(len(p), n, dtype=np.int64) for p, _, n in groups])
+        owner = np.concatenate([np.full(len(p), g, dtype=np.int64)
+                                for g, (p, _, _) in enumerate(groups)])
+        index = np.concatenate([np.arange(len(p), dtype=np.int64) for p, _, _ in groups])
+        order = np.argsort(starts, kind="stable")
+        starts, lengths, owner, index = starts[order], lengths[order], owner[order], index[order]
+        ends = starts + lengths
+        gaps = starts[1:] - ends[:-1]
+        if (gaps < 0).any():  # overlapping runs (never planned so): each read on its own
+            gaps = np.full(len(gaps), -1, dtype=np.int64)
+        allowance = max(0.0, self.gap_budget * float(lengths.sum()) - self.header_bytes)
+        by_size = np.argsort(gaps, kind="stable")
+        taken = by_size[(np.cumsum(gaps[by_size]) <= allowance) & (gaps[by_size] >= 0)]
+        bridged = np.zeros(len(gaps), dtype=bool)
+        bridged[taken] = True
+        discard = memoryview(bytearray(int(gaps[bridged].max()) if bridged.any() else 0))
+        bounds = [0, *(np.flatnonzero(~bridged) + 1).tolist(), len(starts)]
+        starts_, lengths_ = starts.tolist(), lengths.tolist()
+        owner_, index_ = owner.tolist(), index.tolist()
+        for first, last in itertools.pairwise(bounds):
+            views: list[memoryview] = []
+            cursor = starts_[first]
+            for run in range(first, last):
+                position, length = starts_[run], lengths_[run]
+                if position > cursor:
+                    views.append(discard[: position - cursor])
+                offset = index_[run] * length
+                views.append(groups[owner_[run]][1][offset : offset + length])
+                cursor = position + length
+            at = starts_[first]
+            for group in range(0, len(views), _IOV_MAX):
+                batch = views[group : group + _IOV_MAX]
+                self.stats.reads += pread_into(self.fd, batch, at, self.path)
+                at += sum(map(len, batch))
+            self.stats.data_bytes += at - starts_[first]
 
 
 class RemoteReads:

@@ -9,14 +9,18 @@ and compared with the manifest (7.2) before any of its data is read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-from ..format.dtypes import DTYPES, torch_layout
+from ..format.dtypes import DTYPES, byte_size, torch_layout
 from ..format.errors import Finding, IntegrityError
+from ..format.heads import HeadCounts, HeadsError, head_counts
 from ..format.integrity import Readable, check_digests, digest_stream, known_algorithms
 from ..format.manifest import FileRecord, Layout, Manifest
 from ..format.safetensors_header import read_header
@@ -25,13 +29,15 @@ from ..load.plan import FilePlan, plan_ranks
 from ..storage.paths import open_inside
 from ..storage.remote import RemoteRoot
 from ..storage.remote_files import PARTIAL_HEADER_PROBE, RemoteReader, open_object
-from .boxes import FileReads, ReadStats, RemoteReads, Scratch, read_box
+from .boxes import BudgetedFileReads, FileReads, ReadStats, RemoteReads, Scratch, read_box
 from .plan import Resharder, ReshardPlan, SourcePiece, TargetPiece
 
 __all__ = [
+    "CONFIG_NAME",
     "READ_THREADS",
     "REMOTE_GAP_BUDGET",
     "ReadStats",
+    "checkpoint_heads",
     "execute_reshard",
     "load_resharded",
 ]
@@ -45,6 +51,37 @@ READ_THREADS = 4
 
 #: Each target tensor starts at a multiple of this in the rank's buffer.
 _ALIGN = 64
+
+
+#: The extra file whose head counts cut attention tensors on head boundaries.
+CONFIG_NAME = "config.json"
+
+#: The most bytes of config.json read for its head counts.
+_CONFIG_LIMIT = 16 * 1024 * 1024
+
+
+def checkpoint_heads(root: Path | RemoteRoot, manifest: Manifest) -> HeadCounts | None:
+    """The attention head counts of the checkpoint's ``config.json`` extra file (checked
+    against its recorded size and sha256), or None where it has none it can tell."""
+    record = next((f for f in manifest.extra_files if f.path == CONFIG_NAME), None)
+    if record is None or record.size > _CONFIG_LIMIT:
+        return None
+    if isinstance(root, RemoteRoot):
+        data = root.read_whole(CONFIG_NAME, record.size + 1)
+    else:
+        handle, _ = open_inside(root, CONFIG_NAME)
+        with handle:
+            data = handle.read(record.size + 1)
+    if len(data) != record.size or \
+            hashlib.sha256(data).hexdigest() != record.checksums.get("sha256"):
+        raise IntegrityError(Finding(
+            code="checksum-mismatch", file=CONFIG_NAME,
+            message="the file's size or sha256 differs from the manifest's"))
+    try:
+        config = json.loads(data)
+        return head_counts(config) if isinstance(config, dict) else None
+    except (ValueError, HeadsError):
+        return None  # a config that says nothing usable: the pieces' own split applies
 
 
 def load_resharded(
@@ -64,7 +101,7 @@ def load_resharded(
     ``verify`` hashes every source file the load reads from, whole (9.2 digests cover whole
     files), so it reads more than the partial reads alone. ``stats`` is filled in when given.
     """
-    resharder = resharder or Resharder(manifest, layout)
+    resharder = resharder or Resharder(manifest, layout, heads=checkpoint_heads(root, manifest))
     plan = resharder.plan(rank)
     return execute_reshard(root, manifest, plan, device, verify=verify, stats=stats)
 
@@ -79,12 +116,20 @@ def execute_reshard(
     stats: ReadStats | None = None,
     separate: bool = False,
     gap_budget: float | None = None,
+    verified: set[str] | None = None,
+    on_read: Callable[[int], None] | None = None,
+    local_gap_budget: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """Read ``plan``'s pieces onto ``device``; aliases share their target's storage.
 
     The pieces are filled in one host buffer (``separate``: one allocation per tensor, as a
     writer wants them), moved to ``device`` at the end. ``gap_budget`` (from object storage;
     default :data:`REMOTE_GAP_BUDGET`) bounds the gap bytes fetched to save requests.
+    ``verified``: with ``verify``, the source files already hashed by earlier calls (a writer
+    resharding rank after rank hashes each file once); the files hashed now are added.
+    ``on_read(n)`` is called as each source file's boxes are in, with their bytes.
+    ``local_gap_budget`` bounds them the same way from local files (None: every gap under
+    :data:`~shardspec.reshard.boxes.COALESCE_GAP` is read, fewer calls for more bytes).
     """
     budget = REMOTE_GAP_BUDGET if gap_budget is None else gap_budget
     stats = stats if stats is not None else ReadStats()
@@ -100,9 +145,26 @@ def execute_reshard(
     work = [(file_plans[path], file_jobs, ReadStats())
             for (_, path), file_jobs in sorted(jobs.items())]
 
+    done = verified if verified is not None else set()
+    lock = threading.Lock()
+
     def read(item: tuple[FilePlan, list[tuple[str, TargetPiece, SourcePiece]], ReadStats]
              ) -> None:
-        _read_file(root, item[0], item[1], out, Scratch(), item[2], verify, budget)
+        path = item[0].record.path
+        with lock:  # each file is hashed by one call only
+            hash_it = verify and path not in done
+            done.add(path)
+        try:
+            _read_file(root, item[0], item[1], out, Scratch(), item[2], hash_it, budget,
+                       local_gap_budget)
+        except BaseException:
+            with lock:
+                done.discard(path)  # not verified after all
+            raise
+        if on_read is not None:
+            count = sum(byte_size(DTYPES[t.dtype], s.box_shape) or 0 for _, t, s in item[1])
+            with lock:
+                on_read(count)
 
     # Files are read concurrently: reads of different files overlap each other and the copies
     # (preadv and numpy's copy release the GIL). Each file's boxes land in disjoint bytes.
@@ -169,6 +231,7 @@ def _read_file(
     stats: ReadStats,
     verify: bool,
     gap_budget: float,
+    local_gap_budget: float | None = None,
 ) -> None:
     if isinstance(root, RemoteRoot):
         _read_remote_file(root, plan, jobs, out, stats, verify, gap_budget)
@@ -187,10 +250,15 @@ def _read_file(
         if verify:
             handle.seek(0)
             _verify(handle, record, stats)
-        reads = FileReads(handle.fileno(), stats, record.path)
         jobs = sorted(jobs, key=lambda job: header.entries[job[0]].begin)
+        if local_gap_budget is None:
+            reads: FileReads | BudgetedFileReads = FileReads(handle.fileno(), stats, record.path)
+        else:  # reads wait for flush: each box gets a scratch buffer of its own
+            reads = BudgetedFileReads(handle.fileno(), stats, record.path, local_gap_budget,
+                                      header.data_start)
         for name, target, source in jobs:
-            read_box(reads, header, name, target, source, out[name], scratch)
+            read_box(reads, header, name, target, source, out[name],
+                     scratch if local_gap_budget is None else Scratch())
         reads.flush()
 
 

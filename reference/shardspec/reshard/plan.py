@@ -40,6 +40,7 @@ from typing import NoReturn
 from ..format.dtypes import DTYPES, byte_size
 from ..format.errors import Finding, error_for
 from ..format.experts import ExpertTensor, expert_rank, find_experts
+from ..format.heads import HeadCounts, HeadsError, head_slices
 from ..format.manifest import Alias, Layout, Manifest, Piece, TensorRecord
 from ..format.overlap import first_overlap
 from ..format.stages import assign_stages
@@ -178,7 +179,9 @@ class Resharder:
     """The whole target layout of a checkpoint, computed once; :meth:`plan` gives one rank's.
 
     ``split_dims`` overrides the inferred split dimension of named tensors (None: replicate),
-    e.g. to split tensors of a TP=1 checkpoint, from which no split can be inferred.
+    e.g. to split tensors of a TP=1 checkpoint, from which no split can be inferred. ``heads``
+    (from ``config.json``) cuts tensors holding attention heads in whole heads, as ``convert``
+    does (rule 11, :mod:`shardspec.format.heads`).
     Raises :class:`shardspec.RequestError` (``reshard-rank-local``, ``reshard-unsupported``)
     when the checkpoint cannot be resharded to ``layout``.
     """
@@ -189,9 +192,11 @@ class Resharder:
         layout: Layout,
         *,
         split_dims: Mapping[str, int | None] | None = None,
+        heads: HeadCounts | None = None,
     ) -> None:
         self.manifest = manifest
         self.layout = layout
+        self._heads = heads
         self._split_dims = dict(split_dims or {})
         self._check_request()
         source = manifest.layout
@@ -288,9 +293,10 @@ class Resharder:
         boxes: dict[int, Box] = {}
         tp_size = self.layout.tp_size
         for (pp_rank, ep_rank), region in regions.items():
+            runs = self._head_runs(name, record.shape, region)
             for tp_rank in range(tp_size):
                 rank = self.layout.rank_of(tp_rank=tp_rank, pp_rank=pp_rank, ep_rank=ep_rank)
-                boxes[rank] = self._slice(name, dtype.bits, region, tp_rank)
+                boxes[rank] = self._slice(name, dtype.bits, region, tp_rank, runs)
         self._check_boxes(name, record, boxes)
         return _numbered(boxes)
 
@@ -389,11 +395,31 @@ class Resharder:
         self._check_boxes(name, record, boxes)
         return _numbered(boxes)
 
-    def _slice(self, name: str, bits: int, region: _Region, tp_rank: int) -> Box:
+    def _head_runs(self, name: str, shape: tuple[int, ...], region: _Region
+                   ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """Each tp rank's run of whole heads along the region's split dim (rule 11)."""
+        dim = region.dim
+        if dim is None or region.box[1][dim] != shape[dim]:
+            return None
+        try:
+            return head_slices(name, shape, dim, self.layout.tp_size, self._heads)
+        except HeadsError as exc:
+            assert self._heads is not None
+            _refuse("reshard-unsupported", f"{exc} (num_attention_heads {self._heads.num_heads}"
+                    f", num_key_value_heads {self._heads.num_kv_heads} in config.json, tp_size "
+                    f"{self.layout.tp_size})", tensor=name,
+                    hint="choose a tp_size that deals whole attention heads to every rank")
+
+    def _slice(self, name: str, bits: int, region: _Region, tp_rank: int,
+               runs: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> Box:
         offset, shape = region.box
         dim = region.dim
         if dim is None:
             return region.box
+        if runs is not None:  # whole attention heads (offset[dim] is 0: the region is all)
+            start, length = runs[0][tp_rank], runs[1][tp_rank]
+            return (tuple(start if d == dim else o for d, o in enumerate(offset)),
+                    tuple(length if d == dim else s for d, s in enumerate(shape)))
         # A sub-byte dtype splits its last dimension in whole bytes (SPEC 6.5 rule 5).
         unit = 8 // math.gcd(bits, 8) if dim == len(shape) - 1 else 1
         if shape[dim] % unit:
@@ -513,9 +539,10 @@ def plan_reshard(
     rank: int,
     *,
     split_dims: Mapping[str, int | None] | None = None,
+    heads: HeadCounts | None = None,
 ) -> ReshardPlan:
     """The plan of ``rank`` under ``layout`` (for many ranks, build one :class:`Resharder`)."""
-    return Resharder(manifest, layout, split_dims=split_dims).plan(rank)
+    return Resharder(manifest, layout, split_dims=split_dims, heads=heads).plan(rank)
 
 
 def target_pieces(manifest: Manifest, layout: Layout, rank: int) -> dict[str, TargetPiece]:

@@ -33,7 +33,7 @@ from ..write.save import (
     prepare_directory,
     write_rank,
 )
-from .load import execute_reshard
+from .load import checkpoint_heads, execute_reshard
 from .plan import Resharder, ReshardPlan
 
 __all__ = ["rank_info", "reshard"]
@@ -57,7 +57,7 @@ def reshard(
     layout: Layout,
     *,
     overwrite: bool = False,
-    verify: bool = False,
+    verify: bool = True,
     ignore_extensions: tuple[str, ...] = (),
     progress: Callable[[int, int], None] | None = None,
     storage_options: dict[str, Any] | None = None,
@@ -72,9 +72,11 @@ def reshard(
 
     One target rank is in memory at a time. Quantization, logical records, ties, metadata,
     extensions and extra files carry over; extra files are checked against their recorded
-    sha256 as they are copied. ``verify`` also hashes every source data file read (whole).
-    ``progress(done, total)`` is called with the bytes of target pieces written so far and in
-    all, before the first rank and after each.
+    sha256 as they are copied. ``verify`` (the default) hashes every source data file once
+    (whole, when it is first read, SPEC 9.2), so corrupt bytes are refused instead of being
+    written again under fresh checksums; ``verify=False`` trusts the source.
+    ``progress(done, total)`` is called with the bytes of target pieces read or written so far
+    and in all: before the first rank, as each source file's pieces are read, after each rank.
     """
     src = locate(source, storage_options if is_remote(source) else None)
     dst = locate(destination, (destination_options if destination_options is not None
@@ -83,7 +85,7 @@ def reshard(
     raise_first_error(parsed.findings)
     assert parsed.manifest is not None, "no errors means the manifest was built"
     manifest = parsed.manifest
-    resharder = Resharder(manifest, layout)
+    resharder = Resharder(manifest, layout, heads=checkpoint_heads(src, manifest))
     plans = [resharder.plan(rank) for rank in range(layout.size)]
     logical = {name: r.logical for name, r in manifest.tensors.items()
                if isinstance(r, TensorRecord) and r.logical is not None}
@@ -140,9 +142,18 @@ def _write_resharded(
     total, done = sum(p.target_bytes for p in plans), 0
     if progress is not None:
         progress(done, total)
+    verified: set[str] = set()
     for plan in plans:
+        read = [0]
+
+        def on_read(count: int, start: int = done, read: list[int] = read,
+                    most: int = plan.target_bytes) -> None:
+            read[0] += count
+            if progress is not None:  # the bar moves while a rank's pieces come in
+                progress(start + min(read[0], most), total)
+
         state = execute_reshard(src, manifest, plan, cpu, verify=verify, separate=True,
-                                gap_budget=gap_budget)
+                                gap_budget=gap_budget, verified=verified, on_read=on_read)
         records.update({f.path: f for f in write_rank(dst, plan.rank, state, draft)})
         del state
         done += plan.target_bytes

@@ -7,15 +7,29 @@ same way, last. A crash at any point leaves either the old manifest with its fil
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..format.limits import MANIFEST_NAME
 
-__all__ = ["TEMP_SUFFIX", "commit_manifest", "fsync_dir", "uncommit", "write_durably"]
+__all__ = ["LEFTOVER", "TEMP_SUFFIX", "commit_manifest", "fsync_dir", "interrupted_write",
+           "uncommit", "write_durably"]
 
 #: Temporary files start with '.' and end with this, so no reader or vLLM glob matches them.
 TEMP_SUFFIX = ".shardspec-tmp"
+
+#: What a writer leaves behind when it is stopped before its manifest: data files under the
+#: default names and temporary files.
+LEFTOVER = re.compile(r"^model-rank-\d+-.*\.safetensors$|^\..*" + re.escape(TEMP_SUFFIX) + "$")
+
+
+def interrupted_write(names: Iterable[str]) -> bool:
+    """Whether a directory (or prefix) holding ``names`` is what an interrupted write leaves:
+    no manifest (so no checkpoint, SPEC 2.3), only data and temporary files of a writer. A new
+    write may replace it without being asked to overwrite."""
+    names = list(names)
+    return bool(names) and MANIFEST_NAME not in names and all(LEFTOVER.match(n) for n in names)
 
 
 def fsync_dir(directory: Path) -> None:

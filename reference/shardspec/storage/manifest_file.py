@@ -51,10 +51,7 @@ def read_manifest(
         if exc.code != "file-missing" or (isinstance(root, Path)
                                           and os.path.lexists(root / MANIFEST_NAME)):
             return ParsedManifest(None, [exc.finding])
-        return ParsedManifest(None, [Finding(
-            code="not-committed", file=str(root),
-            message="not a committed shardspec checkpoint: there is no shardspec.json",
-            hint="an interrupted write leaves no manifest; write the checkpoint again")])
+        return ParsedManifest(None, [_not_committed(root)])
     except ShardspecError as exc:
         return ParsedManifest(None, [exc.finding])
     if size > MAX_MANIFEST_BYTES:
@@ -70,3 +67,28 @@ def read_manifest(
             data = handle.read(size + 1)
     parsed = parse_manifest(data, ignore_extensions=ignore_extensions)
     return replace(parsed, sha256=hashlib.sha256(data).hexdigest())
+
+
+def _not_committed(root: Path | RemoteRoot) -> Finding:
+    """Why there is no manifest, as far as the directory tells: it does not exist, it is a
+    Hugging Face checkpoint, vLLM's sharded state, or what an interrupted write left."""
+    message = "not a committed shardspec checkpoint: there is no shardspec.json"
+    hint = "an interrupted write leaves no manifest; write the checkpoint again"
+    if isinstance(root, Path):
+        if not os.path.lexists(root):
+            return Finding(code="not-committed", file=str(root),
+                           message=f"{root} does not exist",
+                           hint="check the path; a checkpoint is a directory holding "
+                           "shardspec.json")
+        try:
+            names = set(os.listdir(root)) if root.is_dir() else set()
+        except OSError:
+            names = set()
+        if names & {"model.safetensors", "model.safetensors.index.json"}:
+            message = ("a Hugging Face checkpoint (model.safetensors), not a shardspec one: "
+                       "there is no shardspec.json")
+            hint = f"convert it: shardspec convert {root} OUT --tp N"
+        elif any(n.startswith("model-rank-") and n.endswith(".safetensors") for n in names):
+            hint = ("rank files without a manifest: vLLM's save_sharded_state (add a manifest "
+                    f"with shardspec import-vllm {root}) or an interrupted write (write it again)")
+    return Finding(code="not-committed", file=str(root), message=message, hint=hint)

@@ -17,7 +17,7 @@ from ..format.errors import Finding, IntegrityError
 from ..format.integrity import digest_stream
 from ..format.limits import MANIFEST_NAME
 from ..format.manifest import FileRecord
-from .commit import TEMP_SUFFIX
+from .commit import TEMP_SUFFIX, interrupted_write
 from .manifest_file import read_manifest
 from .remote import RemoteRoot
 
@@ -33,7 +33,7 @@ def prepare_prefix(root: RemoteRoot, overwrite: bool) -> None:
     existing = root.names()
     if not existing:
         return
-    if not overwrite:
+    if not overwrite and not interrupted_write(existing):
         raise FileExistsError(f"{root.url} holds objects; pass overwrite=True to replace the "
                               "checkpoint in it")
     previous = read_manifest(root).manifest if MANIFEST_NAME in existing else None

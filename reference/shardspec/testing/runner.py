@@ -133,11 +133,13 @@ def _progress(progress: Progress | Callable[[str], None] | None) -> Progress:
 
 
 def find_vectors(start: Path | None = None) -> Path | None:
-    """conformance/vectors of the checkout this package runs from, or under ``start`` (the
-    current directory by default). The vectors are not part of the wheel."""
+    """The vectors of the same version as this package: those the wheel ships
+    (``shardspec/_conformance/vectors``), else conformance/vectors of the checkout this package
+    runs from, else under ``start`` (the current directory by default)."""
     here = Path(__file__).resolve()
-    for candidate in ((start or Path.cwd()) / "conformance" / "vectors",
-                      here.parents[3] / "conformance" / "vectors"):
+    for candidate in (here.parents[1] / "_conformance" / "vectors",
+                      here.parents[3] / "conformance" / "vectors",
+                      (start or Path.cwd()) / "conformance" / "vectors"):
         if candidate.is_dir() and any(candidate.glob("*/vector.json")):
             return candidate
     return None
@@ -307,7 +309,7 @@ def run_generated(
     *,
     examples: int,
     seed: int,
-    keep: Path,
+    keep: Path | None = None,
     shrink: bool = True,
     max_world: int = 4,
     progress: Progress | None = None,
@@ -315,7 +317,16 @@ def run_generated(
     """``examples`` generated checkpoints against ``reader``: each rank of a valid checkpoint,
     then the ranks that must refuse a broken copy. Returns (results, kept failure, examples
     run). On a failure Hypothesis shrinks to the smallest failing example, which is kept under
-    ``keep``."""
+    ``keep`` (default: a new temporary directory, removed again when nothing failed, so that
+    a run never writes into the current directory)."""
+    if keep is None:
+        keep = Path(tempfile.mkdtemp(prefix="shardspec-conformance-"))
+        try:
+            return run_generated(reader, examples=examples, seed=seed, keep=keep,
+                                 shrink=shrink, max_world=max_world, progress=progress)
+        finally:
+            if not (keep / f"generated-seed-{seed}").exists():
+                shutil.rmtree(keep, ignore_errors=True)
     state = _State()
     tell = progress or Progress()
     tell.part("generated", examples)
@@ -405,7 +416,7 @@ def run_suite(
     vectors: Path | None,
     examples: int,
     seed: int | None = None,
-    keep: Path = Path("conformance-failures"),
+    keep: Path | None = None,
     select: str | None = None,
     shrink: bool = True,
     progress: Progress | Callable[[str], None] | None = None,
@@ -413,7 +424,9 @@ def run_suite(
 ) -> SuiteResult:
     """The golden vectors (all, or those matching ``select``), then ``examples`` generated
     checkpoints (with a random seed when ``seed`` is None; the seed used is in the result).
-    ``quick``: each vector on its first rank only, and no shrinking of a failure."""
+    ``quick``: each vector on its first rank only, and no shrinking of a failure. The smallest
+    failing generated checkpoint is kept under ``keep`` (default: a new temporary directory,
+    named in the report)."""
     seed = random.SystemRandom().randrange(2**32) if seed is None else seed
     result = SuiteResult(reader=reader.name, seed=seed, vectors=vectors)
     tell = _progress(progress)
@@ -484,6 +497,8 @@ def print_report(result: SuiteResult, console: Console | None = None) -> None:
                      f"({sum(not r.passed for r in generated)} failed checks)")
     if result.kept:
         parts.append(f"smallest failing generated checkpoint kept in {result.kept}")
+    if result.vectors is not None:
+        console.print(Text(f"vectors: {result.vectors}", style="dim"), soft_wrap=True)
     verdict = Text("PASS" if result.ok else "FAIL", style="bold green" if result.ok
                    else "bold red")
     console.print(Text.assemble(verdict, ": " + "; ".join(parts)))

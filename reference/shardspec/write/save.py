@@ -6,6 +6,7 @@ refused up front; then data files are written durably and the manifest commits t
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -37,7 +38,14 @@ from ..format.manifest import (
     format_version,
 )
 from ..format.schema import schema_findings
-from ..storage.commit import TEMP_SUFFIX, commit_manifest, fsync_dir, uncommit, write_durably
+from ..storage.commit import (
+    TEMP_SUFFIX,
+    commit_manifest,
+    fsync_dir,
+    interrupted_write,
+    uncommit,
+    write_durably,
+)
 from ..storage.location import Location, PathOrURL, locate
 from ..storage.manifest_file import read_manifest
 from ..storage.paths import resolve_inside
@@ -60,6 +68,7 @@ __all__ = [
     "prepare_directory",
     "save",
     "split",
+    "write_data_file",
     "write_rank",
 ]
 
@@ -348,7 +357,7 @@ def write_rank(
             piece = record.piece_of(rank)
             if piece is not None:
                 names_in[piece.file].append(name)
-    return [_write_data_file(root, path, {n: state[n] for n in names})
+    return [write_data_file(root, path, {n: state[n] for n in names})
             for path, names in names_in.items()]
 
 
@@ -383,15 +392,21 @@ def commit_checkpoint(root: Location, manifest_json: bytes) -> None:
         commit_manifest(root, manifest_json)
 
 
-def claim_directory(root: Path, overwrite: bool) -> list[str]:
-    """Create ``root``, or check that ``overwrite`` allows writing into it; its names."""
+def claim_directory(root: Path, overwrite: bool, leftovers: bool = True) -> list[str]:
+    """Create ``root``, or check that ``overwrite`` allows writing into it; its names. With
+    ``leftovers``, what an interrupted checkpoint write left there (no manifest, only data and
+    temporary files: :func:`~shardspec.storage.commit.interrupted_write`) may be replaced
+    without ``overwrite``."""
     if root.exists() and not root.is_dir():
         raise NotADirectoryError(f"{root} exists and is not a directory")
     root.mkdir(parents=True, exist_ok=True)
     existing = [p.name for p in root.iterdir()]
-    if existing and not overwrite:
-        raise FileExistsError(f"{root} is not empty; pass overwrite=True to replace the "
-                              "checkpoint in it")
+    if existing and not overwrite and not (leftovers and interrupted_write(existing)):
+        what = "a checkpoint" if MANIFEST_NAME in existing else \
+            f"{len(existing)} entr{'y' if len(existing) == 1 else 'ies'} such as " \
+            f"{sorted(existing)[0]!r}"
+        raise FileExistsError(f"{root} is not empty (it holds {what}); pass overwrite=True to "
+                              "replace it")
     return existing
 
 
@@ -419,7 +434,7 @@ def prepare_directory(root: Location, overwrite: bool) -> None:
     fsync_dir(root)
 
 
-def _write_data_file(
+def write_data_file(
     root: Location, relative: str, tensors: Mapping[str, torch.Tensor]
 ) -> FileRecord:
     """Write one part with safetensors, durably, and record its size and sha256."""
@@ -463,14 +478,23 @@ def _make_readable(path: Path) -> None:
 def extra_sources(
     extra_files: Mapping[str, str | os.PathLike[str]] | Iterable[str | os.PathLike[str]],
 ) -> dict[str, Path]:
+    """Name in the checkpoint -> source file, each checked to be a readable file now, before
+    a byte of the checkpoint is written."""
     if isinstance(extra_files, Mapping):
-        return {str(name): Path(source) for name, source in extra_files.items()}
-    sources: dict[str, Path] = {}
-    for source in map(Path, extra_files):
-        if source.name in sources:
-            raise ValueError(f"extra files {str(sources[source.name])!r} and {str(source)!r} "
-                             "share a base name; pass a mapping of names to sources")
-        sources[source.name] = source
+        sources = {str(name): Path(source) for name, source in extra_files.items()}
+    else:
+        sources = {}
+        for source in map(Path, extra_files):
+            if source.name in sources:
+                raise ValueError(f"extra files {str(sources[source.name])!r} and "
+                                 f"{str(source)!r} share a base name; pass a mapping of names "
+                                 "to sources")
+            sources[source.name] = source
+    for name, source in sources.items():
+        if not source.is_file() or not os.access(source, os.R_OK):
+            why = "is not a readable file" if source.exists() else "does not exist"
+            raise FileNotFoundError(errno.ENOENT, f"extra file {name!r}: {source} {why}; "
+                                    "nothing was written", str(source))
     return sources
 
 

@@ -2,7 +2,7 @@
 // (2.1, 2.2), layout (5), pieces (6.1, 7.2), coverage (7.3), replicas (7.4), aliases (7.6) and
 // tied tensors (8.4): steps 6 and 7 of the reader procedure (11.1). No Node APIs.
 
-import { byteCount } from "./dtypes";
+import { bitsFit, byteCount } from "./dtypes";
 import { fail, MANIFEST_NAME, MAX_PATH_BYTES, product, show, utf8Length, Warning } from "./errors";
 import { Manifest, Piece, TensorRecord } from "./schema";
 
@@ -256,11 +256,11 @@ export function checkManifest(m: Manifest): void {
   for (const [name, t] of m.tensors) {
     if (t.kind === "alias") continue;
     // SPEC 7.1 rule 4.
-    if (t.kind === "global" && product(t.shape) === null) {
-      fail("shape-overflow", `${JSON.stringify(name)}: shape ${show(t.shape)} has more than MAX_SIZE elements`, "7.1");
+    if (t.kind === "global" && !bitsFit(t.dtype, t.shape)) {
+      fail("shape-overflow", `${JSON.stringify(name)}: shape ${show(t.shape)} has more than MAX_SIZE elements or bits`, "7.1");
     }
-    if (t.logical !== null && product(t.logical.shape) === null) {
-      fail("shape-overflow", `${JSON.stringify(name)}: logical shape ${show(t.logical.shape)} has more than MAX_SIZE elements`, "7.1");
+    if (t.logical !== null && !bitsFit(t.logical.dtype, t.logical.shape)) {
+      fail("shape-overflow", `${JSON.stringify(name)}: logical shape ${show(t.logical.shape)} has more than MAX_SIZE elements or bits`, "7.1");
     }
     checkPieces(m, name, t);
     if (t.kind === "global") checkCoverage(name, t);

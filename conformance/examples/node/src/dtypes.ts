@@ -17,6 +17,16 @@ export const DTYPE_BITS: ReadonlyMap<string, bigint> = new Map([
 ]);
 
 /**
+ * SPEC 7.1 rule 4: the element count and the bit count of a tensor's shape are both at most
+ * MAX_SIZE (a tensor's shape, unlike a stored array, need not fill whole bytes).
+ */
+export function bitsFit(dtype: string, shape: readonly bigint[]): boolean {
+  const bits = DTYPE_BITS.get(dtype);
+  const count = product(shape);
+  return bits !== undefined && count !== null && count * bits <= MAX_SIZE;
+}
+
+/**
  * Byte count of an array of `shape` elements (SPEC 6.5 rule 2): the bit count must be a
  * multiple of 8 and at most MAX_SIZE, overflow-checked. Returns a reason string on failure.
  */

@@ -131,16 +131,17 @@ fn check_tensor(m: &Manifest, rank_files: &[HashSet<&str>], t: &Tensor) -> Resul
     };
     let mut elements = 0;
     if let Some(shape) = global_shape {
-        match dtype::element_count(shape) {
-            Some(n) => elements = n,
-            None => fail!("shape-overflow", "tensor {:?}: shape {shape:?} has more than \
-                           MAX_SIZE elements", t.name),
+        match (dtype::element_count(shape), dtype::bit_count(shape, bits)) {
+            (Some(n), Some(_)) => elements = n,
+            _ => fail!("shape-overflow", "tensor {:?}: shape {shape:?} has more than \
+                        MAX_SIZE elements or bits", t.name),
         }
     }
     if let Some(l) = &t.logical {
-        if dtype::element_count(&l.shape).is_none() {
+        let logical_bits = dtype::bits(&l.dtype).expect("schema checked the dtype");
+        if dtype::bit_count(&l.shape, logical_bits).is_none() {
             fail!("shape-overflow", "tensor {:?}: logical shape {:?} has more than MAX_SIZE \
-                   elements", t.name, l.shape);
+                   elements or bits", t.name, l.shape);
         }
     }
     let mut ranks_seen = HashSet::new();

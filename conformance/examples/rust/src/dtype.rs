@@ -26,6 +26,12 @@ pub fn element_count(shape: &[u64]) -> Option<u64> {
     Some(n)
 }
 
+/// Bit count of a tensor's shape (SPEC 7.1 rule 4): its element count and its bit count both
+/// within MAX_SIZE, else None (`shape-overflow`).
+pub fn bit_count(shape: &[u64], bits: u64) -> Option<u64> {
+    element_count(shape)?.checked_mul(bits).filter(|v| *v <= MAX_SIZE)
+}
+
 /// Byte count of a stored array (SPEC 6.5 rule 2): its bit count must be a multiple of 8 and
 /// at most MAX_SIZE. None when it breaks the rule.
 pub fn byte_count(shape: &[u64], bits: u64) -> Option<u64> {
@@ -55,5 +61,7 @@ mod tests {
         assert_eq!(byte_count(&[1 << 59], 8), Some(1 << 59));
         assert_eq!(byte_count(&[1 << 61], 8), None); // 2^64 bits
         assert_eq!(byte_count(&[1 << 61], 32), None);
+        assert_eq!(bit_count(&[(1 << 57) + 1], 64), None); // elements fit, bits do not
+        assert_eq!(bit_count(&[3], 4), Some(12)); // a tensor's shape need not fill bytes
     }
 }

@@ -46,8 +46,7 @@ pub struct Tie {
 
 #[derive(Debug, Clone)]
 pub struct Logical {
-    /// informative for readers (SPEC 8.2 rule 2)
-    #[allow(dead_code)]
+    /// informative for readers (SPEC 8.2 rule 2), but its bit count is bounded (7.1 rule 4)
     pub dtype: String,
     pub shape: Vec<u64>,
 }

@@ -1,0 +1,225 @@
+"""``load_format="shardspec"``: a vLLM model loader that reads each worker's bytes through the
+manifest.
+
+Two ways in, chosen per checkpoint:
+
+- **its own layout**: a checkpoint under vLLM's names (``convert --names vllm``, ``import-vllm``,
+  or saved by this loader with ``save_to``) at the engine's tensor- and pipeline-parallel
+  sizes: the worker loads its checkpoint rank whole (:meth:`shardspec.Checkpoint.load_rank`)
+  and copies it into the model's ``state_dict()``, buffers included;
+- **any other layout**: a checkpoint of global tensors under Hugging Face names (``convert``):
+  the worker reads the box of every tensor it needs (:mod:`.regions`, only the overlapping
+  byte ranges, :func:`shardspec.reshard.regions.plan_boxes`) and hands the tensors to the
+  model's own ``load_weights``, which fuses ``qkv_proj``/``gate_up_proj``, stacks experts and
+  slices by vLLM's rules. Layers of other pipeline stages are not read.
+
+A checkpoint whose rank-local tensors cannot serve the engine's layout is refused before any
+weight is read, naming both layouts and the tensor; so is a quantization that is not the
+engine's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from vllm.config import ModelConfig
+from vllm.config.load import LoadConfig
+from vllm.logger import init_logger
+from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+from ...format.errors import Finding, error_for
+from ...format.experts import find_experts
+from ...format.manifest import Alias, Manifest, TensorRecord
+from ...reader import Checkpoint, open_checkpoint
+from ...reshard.boxes import ReadStats
+from ...reshard.load import REMOTE_GAP_BUDGET, execute_reshard
+from ...reshard.plan import Box
+from ...reshard.regions import plan_boxes
+from .layouts import EngineRank, check_quantization, own_rank, refuse_rank_local
+from .options import LoaderOptions
+from .regions import Heads, plan_for, vllm_box
+from .state import save_worker_state
+
+__all__ = ["ShardspecModelLoader"]
+
+# Under vLLM's logger, so that its "Loading weights took" line reads like the other loaders'.
+logger = init_logger("vllm.model_executor.model_loader.shardspec")
+
+#: Set to 1 to fill what a worker does not read with NaN: a model that then serves correctly
+#: proves vLLM used only the bytes read (the plugin's tests run with it).
+CHECK_BOXES_ENV = "SHARDSPEC_VLLM_CHECK_BOXES"
+
+
+class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has no stubs
+    """vLLM's ``BaseModelLoader`` for shardspec checkpoints (see the module docstring)."""
+
+    def __init__(self, load_config: LoadConfig) -> None:
+        super().__init__(load_config)
+        self.options = LoaderOptions.parse(load_config.model_loader_extra_config)
+
+    def download_model(self, model_config: ModelConfig) -> None:
+        self._open(model_config)  # local or object storage: nothing to fetch, only to check
+
+    def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
+        checkpoint = self._open(model_config)
+        check_quantization(checkpoint.manifest, model_config.quantization)
+        rank = _engine_rank()
+        device = _model_device(model)
+        started = time.perf_counter()
+        stats = ReadStats()
+        own = own_rank(checkpoint.manifest, rank)
+        whole_rank = own is not None and _names_fit(checkpoint.manifest, model)
+        if own is not None and whole_rank:
+            load_own_rank(checkpoint, own, model, device, self.options.verify)
+            files = checkpoint.manifest.files_of(own)
+            stats.files_opened = [f.path for f in files]
+            stats.data_bytes = sum(f.size for f in files)
+        else:
+            refuse_rank_local(checkpoint.manifest, rank)
+            config = model_config.hf_config.to_dict()
+            load: Any = model.load_weights  # the vLLM model's own, which nn.Module does not type
+            loaded = load(global_tensors(
+                checkpoint, model, rank, config, verify=self.options.verify, stats=stats))
+            _check_all_loaded(model, loaded, checkpoint)
+        seconds = time.perf_counter() - started
+        logger.info("Loading weights took %.2f seconds", seconds)
+        logger.info("shardspec: worker tp_rank=%d pp_rank=%d read %d bytes of data from %d "
+                    "files (%s)", rank.tp_rank, rank.pp_rank, stats.data_bytes,
+                    len(set(stats.files_opened)),
+                    f"checkpoint rank {own}, whole" if whole_rank else "boxes, resharded on load")
+        if self.options.save_to is not None:
+            save_worker_state(model, checkpoint, rank, self.options.save_to)
+
+    def _open(self, model_config: ModelConfig) -> Checkpoint:
+        path = getattr(model_config, "model_weights", None) or model_config.model
+        return open_checkpoint(path, ignore_extensions=self.options.ignore_extensions)
+
+
+def _engine_rank() -> EngineRank:
+    from vllm.config import get_current_vllm_config
+    from vllm.distributed import get_pp_group, get_tp_group
+
+    parallel = get_current_vllm_config().parallel_config
+    return EngineRank(tp_size=get_tp_group().world_size, tp_rank=get_tp_group().rank_in_group,
+                      pp_size=get_pp_group().world_size, pp_rank=get_pp_group().rank_in_group,
+                      expert_parallel=bool(parallel.enable_expert_parallel))
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for tensor in model.state_dict().values():
+        device: torch.device = tensor.device
+        return device
+    return torch.device("cpu")
+
+
+def _names_fit(manifest: Manifest, model: nn.Module) -> bool:
+    """Whether the checkpoint is in vLLM's own names: every tensor is in the state dict."""
+    state = model.state_dict()
+    return all(name in state for name in manifest.tensors)
+
+
+# --- its own layout -----------------------------------------------------------------------
+
+def load_own_rank(checkpoint: Checkpoint, rank: int, model: nn.Module, device: torch.device,
+                  verify: bool) -> None:
+    """Copy checkpoint rank ``rank`` into the model's state dict. Every parameter must be
+    there; a buffer that is not (a scale vLLM initialises itself) keeps its value."""
+    tensors = checkpoint.load_rank(rank, device, verify=verify)
+    state = model.state_dict()
+    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    missing = sorted(name for name in params if name not in tensors)
+    if missing:
+        raise error_for(Finding(
+            code="reshard-unsupported", tensor=missing[0], file="shardspec.json",
+            message=f"checkpoint rank {rank} lacks {len(missing)} of the vLLM model's "
+            f"parameters: {missing[:5]}"))
+    for name, tensor in tensors.items():
+        target = state[name]
+        if tuple(target.shape) != tuple(tensor.shape) or target.dtype != tensor.dtype:
+            raise error_for(Finding(
+                code="reshard-unsupported", tensor=name, file="shardspec.json",
+                message=f"checkpoint rank {rank} holds it as {tensor.dtype} "
+                f"{list(tensor.shape)}, the vLLM model as {target.dtype} "
+                f"{list(target.shape)}"))
+        target.copy_(tensor)
+    kept = sorted(set(state) - set(tensors) - params)
+    if kept:
+        logger.info("shardspec: %d buffers not in the checkpoint keep vLLM's values (%s...)",
+                    len(kept), kept[0])
+
+
+# --- any other layout ----------------------------------------------------------------------
+
+def global_tensors(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
+                   config: dict[str, Any], *, verify: bool, stats: ReadStats | None = None
+                   ) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every tensor the worker's stage holds, in the global shape, with the
+    worker's box read (see :mod:`.regions`); what is outside the box is never read."""
+    from vllm.model_executor.models.utils import is_pp_missing_parameter
+
+    manifest = checkpoint.manifest
+    plan = plan_for(config)
+    heads = Heads.from_config(config)
+    records = {n: r for n, r in manifest.tensors.items() if isinstance(r, TensorRecord)}
+    experts = find_experts({n: r.shape for n, r in records.items()})
+    wanted: dict[str, tuple[str, Box]] = {}  # name -> (the name holding its data, its box)
+    boxes: dict[str, Box] = {}               # data name -> the box read of it
+    for name, entry in manifest.tensors.items():
+        if is_pp_missing_parameter(name, model):
+            continue
+        data = entry.alias_of if isinstance(entry, Alias) else name
+        record = records[data]
+        assert record.shape is not None
+        box = vllm_box(name, record.shape, rank, plan=plan, heads=heads,
+                       expert=data in experts)
+        wanted[name] = (data, box)
+        boxes[data] = _bounding(boxes[data], box) if data in boxes else box
+    # Gaps between a worker's runs (its columns of a row-parallel weight) are read only while
+    # they stay within REMOTE_GAP_BUDGET of the bytes wanted, from local files too.
+    pieces = execute_reshard(checkpoint.path, manifest, plan_boxes(manifest, boxes),
+                             torch.device("cpu"), verify=verify, stats=stats,
+                             local_gap_budget=REMOTE_GAP_BUDGET)
+    poison = os.environ.get(CHECK_BOXES_ENV) == "1"
+    for name, (data, box) in wanted.items():
+        record = records[data]
+        assert record.shape is not None
+        yield name, _in_global_shape(pieces[data], boxes[data], record.shape, box, poison)
+
+
+def _bounding(a: Box, b: Box) -> Box:
+    start = tuple(min(x, y) for x, y in zip(a[0], b[0], strict=True))
+    end = tuple(max(x + s, y + t) for x, s, y, t in zip(a[0], a[1], b[0], b[1], strict=True))
+    return start, tuple(e - s for s, e in zip(start, end, strict=True))
+
+
+def _in_global_shape(piece: torch.Tensor, read: Box, shape: tuple[int, ...], box: Box,
+                     poison: bool) -> torch.Tensor:
+    """``piece`` (the ``read`` box) placed in an uninitialised tensor of the global shape:
+    pages that are never written are never touched, so they cost address space, not memory."""
+    if read[1] == shape:
+        return piece
+    full = torch.empty(shape, dtype=piece.dtype)
+    if poison and full.is_floating_point() and full.numel():
+        full.fill_(float("nan"))
+    region = tuple(slice(o, o + s) for o, s in zip(read[0], read[1], strict=True))
+    full[region] = piece
+    return full
+
+
+def _check_all_loaded(model: nn.Module, loaded: set[str] | None, checkpoint: Checkpoint) -> None:
+    """As vLLM's default loader: every parameter of the model was loaded (where the model
+    reports what it loaded)."""
+    if loaded is None:
+        return
+    params = {name for name, _ in model.named_parameters()}
+    missing = sorted(params - set(loaded))
+    if missing:
+        raise error_for(Finding(
+            code="reshard-unsupported", tensor=missing[0], file="shardspec.json",
+            message=f"the vLLM model's parameters {missing[:5]} ({len(missing)} in all) were "
+            f"not loaded from the checkpoint at {checkpoint.path}"))

@@ -1,0 +1,54 @@
+"""The plugin's options: vLLM's ``model_loader_extra_config`` for ``load_format="shardspec"``.
+
+Pure Python (no vLLM import), so the rules are tested without an engine.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["LoaderOptions", "OptionsError"]
+
+
+class OptionsError(ValueError):
+    """An option vLLM passed in ``model_loader_extra_config`` that the plugin cannot use."""
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """``verify``: check every data file a worker reads against the manifest's checksums
+    (SPEC 9.2) while loading. ``save_to``: a new directory where the workers write the state
+    they loaded, under vLLM's own names at the engine's layout, before vLLM post-processes it
+    (a checkpoint that then loads without resharding). ``ignore_extensions``: must-understand
+    extensions the caller knows are safe to ignore (SPEC 4.4)."""
+
+    verify: bool = False
+    save_to: str | None = None
+    ignore_extensions: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, extra: Mapping[str, Any] | None) -> LoaderOptions:
+        extra = dict(extra or {})
+        unknown = sorted(set(extra) - {"verify", "save_to", "ignore_extensions"})
+        if unknown:
+            raise OptionsError(
+                f"model_loader_extra_config for load_format 'shardspec' has unknown keys "
+                f"{unknown}; it takes 'verify' (bool), 'save_to' (a directory) and "
+                f"'ignore_extensions' (a list of names)")
+        verify = extra.get("verify", False)
+        if not isinstance(verify, bool):
+            raise OptionsError(f"model_loader_extra_config 'verify' must be true or false, got "
+                               f"{verify!r}")
+        save_to = extra.get("save_to")
+        if save_to is not None and not isinstance(save_to, (str, os.PathLike)):
+            raise OptionsError(f"model_loader_extra_config 'save_to' must be a directory path, "
+                               f"got {save_to!r}")
+        ignore = extra.get("ignore_extensions", ())
+        if isinstance(ignore, str) or not all(isinstance(i, str) for i in ignore):
+            raise OptionsError("model_loader_extra_config 'ignore_extensions' must be a list of "
+                               f"extension names, got {ignore!r}")
+        return cls(verify=verify, save_to=None if save_to is None else os.fspath(save_to),
+                   ignore_extensions=tuple(ignore))

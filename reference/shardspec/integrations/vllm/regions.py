@@ -1,0 +1,115 @@
+"""Which part of each global tensor a vLLM worker needs: its box, by vLLM's rules.
+
+vLLM's weight loaders are handed whole tensors under Hugging Face names and narrow them to the
+worker's slice themselves. The plugin hands them tensors of the global shape in which only the
+box computed here has been read, so a worker reads its own bytes and vLLM's own code still
+decides the slice (if a box here were too small, the loaded model would hold unread memory; the
+tests fill that memory with NaN to prove it never is). The rules, as vLLM 0.3x applies them:
+
+- a column-parallel weight (its dim 0 split) or a row-parallel one (its last dim split): the
+  ``tp_rank``-th of ``tp_size`` equal runs (vLLM requires them equal);
+- key and value projections: the rows of the rank's key/value heads
+  (:func:`shardspec.format.heads.heads_of_rank`: when ``tp_size`` exceeds the key/value heads,
+  vLLM replicates each on ``tp_size / num_key_value_heads`` consecutive ranks);
+- the embedding and the LM head: the vocabulary is padded to a multiple of ``vocab_padding``
+  and cut into equal runs, so a rank needs its run less the padding;
+- routed experts under expert parallelism: whole (vLLM picks the worker's experts);
+- tensors that are already fused (``gate_up_proj``, ``qkv_proj``: vLLM cuts each member
+  separately): whole;
+- anything the tensor-parallel plan replicates, ties (quantization scales), or that no plan
+  describes: whole.
+
+Which dimension a tensor is split along comes from the tensor-parallel plan
+(:mod:`shardspec.convert.tp_plan`), the same plan ``convert`` follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ...convert.tp_plan import PlanError, TPPlan, resolve_plan, split_dim
+from ...convert.vllm_names import VOCAB_PADDING, vocab_rows
+from ...format.heads import HeadsError, heads_of_rank
+from ...reshard.plan import Box, slice_of
+from .layouts import EngineRank
+
+__all__ = ["Heads", "plan_for", "vllm_box"]
+
+_VOCAB_TENSORS = ("embed_tokens.weight", "lm_head.weight")
+_KV_MODULES = ("k_proj", "v_proj")
+_FUSED_MODULES = ("gate_up_proj", "qkv_proj", "w13")
+
+
+@dataclass(frozen=True)
+class Heads:
+    """Attention heads from config.json: query heads, key/value heads, head dimension."""
+
+    attention: int
+    kv: int
+    head_dim: int
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Heads | None:
+        heads = config.get("num_attention_heads")
+        if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1:
+            return None
+        kv = config.get("num_key_value_heads") or heads
+        head_dim = config.get("head_dim") or (config.get("hidden_size") or 0) // heads
+        if not isinstance(kv, int) or not isinstance(head_dim, int) or kv < 1 or head_dim < 1:
+            return None
+        return cls(heads, kv, head_dim)
+
+
+def plan_for(config: Mapping[str, Any] | None) -> TPPlan | None:
+    """The tensor-parallel plan of the model, or None where there is none (read whole)."""
+    try:
+        return resolve_plan(config, None)
+    except PlanError:
+        return None
+
+
+def vllm_box(
+    name: str,
+    shape: tuple[int, ...],
+    rank: EngineRank,
+    *,
+    plan: TPPlan | None,
+    heads: Heads | None,
+    expert: bool = False,
+    vocab_padding: int = VOCAB_PADDING,
+) -> Box:
+    """The box of global tensor ``name`` (of ``shape``) that ``rank`` needs."""
+    whole: Box = ((0,) * len(shape), shape)
+    style = plan.style_of(name) if plan is not None else None
+    fused = _module_leaf(name) in _FUSED_MODULES or name.rpartition(".")[2] in _FUSED_MODULES
+    if style is None or rank.tp_size == 1 or fused or (expert and rank.expert_parallel):
+        return whole
+    try:
+        dim = split_dim(style, shape, name)
+    except PlanError:
+        return whole
+    if dim is None:
+        return whole
+    size = shape[dim]
+    if name.endswith(_VOCAB_TENSORS) and dim == 0:
+        start, length, _ = vocab_rows(size, rank.tp_size, rank.tp_rank, vocab_padding)
+    elif _is_kv(name) and dim == 0 and heads is not None and size == heads.kv * heads.head_dim:
+        try:  # the same rule convert and resharding cut heads by
+            held = heads_of_rank(rank.tp_rank, rank.tp_size, heads.attention, heads.kv).kv
+        except HeadsError:
+            return whole  # vLLM refuses these counts itself
+        start, length = held.start * heads.head_dim, len(held) * heads.head_dim
+    else:
+        start, length = slice_of(size, rank.tp_size, rank.tp_rank)
+    offset = tuple(start if d == dim else 0 for d in range(len(shape)))
+    return offset, tuple(length if d == dim else s for d, s in enumerate(shape))
+
+
+def _module_leaf(name: str) -> str:
+    return name.rpartition(".")[0].rpartition(".")[2]
+
+
+def _is_kv(name: str) -> bool:
+    return _module_leaf(name) in _KV_MODULES

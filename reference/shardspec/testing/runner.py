@@ -480,7 +480,8 @@ def print_report(result: SuiteResult, console: Console | None = None) -> None:
                           Text("untested", style="yellow"))
             continue
         table.add_row(requirement, TITLES.get(requirement, ""), str(in_vectors),
-                      str(in_generated), str(passed), Text(str(failed), style="bold red") if failed else "0")
+                      str(in_generated), str(passed),
+                      Text(str(failed), style="bold red") if failed else "0")
     console.print(table)
     failures = result.failures
     for failure in failures[:_MAX_SHOWN]:

@@ -15,10 +15,12 @@ which the plugin also loads whole at their own layout). Every contender is a fre
 | shardspec | converted, Hugging Face names | ``shardspec`` (boxes) |
 | shardspec-own | ``--names vllm`` | ``shardspec`` (its own layout, rank whole) |
 
-Each run reports vLLM's "Loading weights took" (the slowest worker's) and the engine's start
-(``LLM(...)`` returning). **cold**: every file of the run flushed and evicted from the page
-cache with ``posix_fadvise(DONTNEED)`` before each engine; **warm**: each contender's files
-read once before its engine. A contender whose package is missing is skipped with a note.
+Each run reports vLLM's "Loading weights took" (the slowest worker's; ``-`` where the loader
+logs none, as ``runai_streamer``'s does not) and the engine's start (``LLM(...)`` returning).
+A contender vLLM cannot start with is dropped and its error noted. **cold**: every file of the
+run flushed and evicted from the page cache with ``posix_fadvise(DONTNEED)`` before each
+engine; **warm**: each contender's files read once before its engine. A contender whose
+package is missing is skipped with a note.
 
     PYTHONPATH=reference python benchmarks/bench_vllm.py [--tp 2] [--layers 16] [--hidden 1024]
         [--repeats 2] [--cache cold,warm] [--json OUT] [--vllm-python PATH]
@@ -91,8 +93,10 @@ def run_engine(python: Path, model: Path, load_format: str, tp: int) -> tuple[fl
                           text=True, timeout=1800, env={**os.environ, "PYTHONPATH": ""})
     results = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode or not results:
-        log = (proc.stdout + proc.stderr)[-3000:]
-        raise RuntimeError(f"{load_format} on {model} failed:\n{log}")
+        errors = [line for line in (proc.stdout + proc.stderr).splitlines()
+                  if re.search(r"\b\w*(Error|Exception)\b: ", line)
+                  and "Tokenizer not available" not in line]
+        raise RuntimeError(errors[0].split("] ")[-1] if errors else "no RESULT line")
     took = [float(x) for x in _TOOK.findall(proc.stdout + proc.stderr)]
     return (max(took) if took else float("nan"),
             json.loads(results[-1][len("RESULT "):])["seconds"])
@@ -132,16 +136,24 @@ def main() -> None:
             contenders.append(name)
     results: dict[str, dict[str, list[tuple[float, float]]]] = {}
     caches = args.cache.split(",")
+    failed: dict[str, str] = {}
     for repeat in range(args.repeats):
         order = contenders[repeat % len(contenders):] + contenders[:repeat % len(contenders)]
         for cache in caches:
             for name in order:
+                if name in failed:
+                    continue
                 kind, load_format, _ = CONTENDERS[name]
                 if cache == "cold":
                     evict(every)
                 else:
                     warm(files[kind])
-                took, start = run_engine(args.vllm_python, dirs[kind], load_format, args.tp)
+                try:
+                    took, start = run_engine(args.vllm_python, dirs[kind], load_format, args.tp)
+                except RuntimeError as error:  # recorded, and the contender is dropped
+                    failed[name] = str(error)
+                    print(f"repeat {repeat} {cache:4} {name:16} failed: {error}", flush=True)
+                    continue
                 results.setdefault(cache, {}).setdefault(name, []).append((took, start))
                 print(f"repeat {repeat} {cache:4} {name:16} weights {took:7.2f} s  "
                       f"engine start {start:6.1f} s", flush=True)
@@ -151,11 +163,15 @@ def main() -> None:
           + " |")
     print("|---|" + "---|---|" * len(caches))
     for name in contenders:
+        if name in failed:
+            notes.append(f"{name}: vLLM failed to start with it: {failed[name]}")
+            continue
         cells = []
         for cache in caches:
             runs = results[cache][name]
             cells += [f"{statistics.median(r[0] for r in runs):.2f}",
                       f"{statistics.median(r[1] for r in runs):.1f}"]
+        cells = ["-" if c == "nan" else c for c in cells]
         print(f"| {name} | " + " | ".join(cells) + " |")
     for note in notes:
         print(f"- {note}")

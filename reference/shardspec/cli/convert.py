@@ -101,9 +101,10 @@ def convert_command(
                                             help="Replace a checkpoint in DST.")] = False,
     names: Annotated[_Names, typer.Option(
         "--names",
-        help="Tensor names: hf keeps Hugging Face's; vllm writes vLLM's fused qkv_proj and "
-        "gate_up_proj per rank (rank-local; TP > 1, PP = 1 only) for its sharded_state "
-        "loader.")] = _Names.hf,
+        help="Tensor names: hf keeps Hugging Face's (loads at any layout, also in vLLM with "
+        "--load-format shardspec); vllm writes each rank's tensors as vLLM's model holds them "
+        "(fused qkv_proj and gate_up_proj, padded vocabulary, attention scales; rank-local; "
+        "PP = 1 only) for vLLM's sharded_state loader.")] = _Names.hf,
     quantize: Annotated[_Quantize | None, typer.Option(
         "--quantize", help="Quantize on the way: fp8 writes linear weights as F8_E4M3 with "
         "128x128 block scales (weight_scale_inv, as DeepSeek-V3 and vLLM's fp8 method).")

@@ -69,13 +69,12 @@ class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has n
         checkpoint = self._open(model_config)
         check_quantization(checkpoint.manifest, model_config.quantization)
         rank = _engine_rank()
-        device = _model_device(model)
         started = time.perf_counter()
         stats = ReadStats()
         own = own_rank(checkpoint.manifest, rank)
         whole_rank = own is not None and _names_fit(checkpoint.manifest, model)
-        if own is not None and whole_rank:
-            load_own_rank(checkpoint, own, model, device, self.options.verify)
+        if own is not None and whole_rank:  # vLLM's names at the engine's own layout
+            load_own_rank(checkpoint, own, model, _model_device(model), self.options.verify)
             files = checkpoint.manifest.files_of(own)
             stats.files_opened = [f.path for f in files]
             stats.data_bytes = sum(f.size for f in files)

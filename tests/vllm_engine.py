@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,15 +166,16 @@ def serve_and_complete(model: Path, *, tp: int, extra_args: tuple[str, ...] = ()
                "--dtype", "bfloat16", "--skip-tokenizer-init", *extra_args]
     if tp > 1:
         command += ["--distributed-executor-backend", "mp"]
-    server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115  # closed in the finally below
+    server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                               text=True, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 600
         while True:
             if server.poll() is not None:
-                raise EngineError("the server exited", server.stdout.read() if server.stdout
-                                  else "")
+                log.seek(0)
+                raise EngineError("the server exited", log.read())
             try:
                 with urllib.request.urlopen(base + "/health", timeout=5):
                     break
@@ -197,3 +199,4 @@ def serve_and_complete(model: Path, *, tp: int, extra_args: tuple[str, ...] = ()
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
+        log.close()

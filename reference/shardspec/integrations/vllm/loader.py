@@ -128,7 +128,10 @@ def load_own_rank(checkpoint: Checkpoint, rank: int, model: nn.Module, device: t
                   verify: bool) -> None:
     """Copy checkpoint rank ``rank`` into the model's state dict. Every parameter must be
     there; a buffer that is not (a scale vLLM initialises itself) keeps its value."""
-    tensors = checkpoint.load_rank(rank, device, verify=verify)
+    # On CPU the files are mapped, so each byte is copied once, into the parameters (as vLLM's
+    # own sharded_state does from safetensors' mappings); on a GPU, staged through pinned memory.
+    tensors = checkpoint.load_rank(rank, device, verify=verify,
+                                   mmap=device.type == "cpu" and not checkpoint.is_remote)
     state = model.state_dict()
     params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     missing = sorted(name for name in params if name not in tensors)

@@ -74,7 +74,12 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-bench: venv
+# The peers the benchmarks compare with (the bench extra), into .venv on first use.
+$(VENV)/.stamp-bench: $(STAMP)
+	$(PIP) install -e '.[bench]'
+	@touch $@
+
+bench: venv $(VENV)/.stamp-bench
 	$(BIN)/python benchmarks/bench_load.py
 
 bench-vllm: venv vllm

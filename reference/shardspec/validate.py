@@ -24,7 +24,7 @@ from .storage.location import Location, PathOrURL, locate
 from .storage.manifest_file import read_manifest
 from .storage.paths import open_inside
 from .storage.remote import REQUESTS_IN_FLIGHT, RemoteRoot
-from .storage.remote_files import FILES_IN_FLIGHT, RemoteReader, read_remote_header, remote_version
+from .storage.remote_files import FILES_IN_FLIGHT, RemoteObject, RemoteReader, remote_version
 
 __all__ = ["Report", "validate"]
 
@@ -137,6 +137,10 @@ def _structure_broken(errors: list[Finding]) -> bool:
 #: How many files ``validate(checksums=True)`` hashes at once.
 _HASH_WORKERS = min(4, os.cpu_count() or 1)
 
+#: Findings of an object read for its header that are about the object, not the header: on S3
+#: the header's GET is the first request, and reports them.
+_OBJECT_CODES = frozenset({"file-missing", "file-not-regular", "file-size", "object-changed"})
+
 Digest = Callable[[FileRecord, Any, "Progress | None"], list[Finding]]
 
 
@@ -190,21 +194,24 @@ def _check_object(
 ) -> tuple[list[Finding], bool]:
     """:func:`_check_data_file` (with a plan) or :func:`_check_plain_file` of an object."""
     try:
-        before = remote_version(root, record.path, record.size)
+        if plan is None and digest is None:  # no byte is read: the size by a metadata request
+            remote_version(root, record.path, record.size)
+            return [], False
+        source = RemoteObject(root, record.path, record.size)
         findings = []
         if plan is not None:
             try:
-                header, _ = read_remote_header(root, record.path, record.size)
+                header, _ = source.header()
             except ShardspecError as exc:
-                if exc.code.startswith("storage-"):
+                if exc.code.startswith("storage-") or exc.code in _OBJECT_CODES:
                     raise
                 findings = [exc.finding]
             else:
                 findings = list(plan.header_findings(header))
         verified = digest is not None
         if digest is not None:
-            findings += digest(record, RemoteReader(root, record.path, record.size), progress)
-        root.check_unchanged(record.path, before)  # SPEC 9.3: what was checked is one object
+            findings += digest(record, RemoteReader(source), progress)
+        source.finish()  # SPEC 9.3: what was checked is one object
         return findings, verified
     except ShardspecError as exc:
         return [exc.finding], False

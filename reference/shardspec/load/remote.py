@@ -1,10 +1,10 @@
 """A plan of reads -> tensors, for a checkpoint in object storage (SPEC 2.4, 9.3, 11.1).
 
-Per data file: the object's size and version are taken (one metadata request) and its size
-checked against the manifest; the header is fetched with one ranged request (two when it is
-over :data:`HEADER_PROBE` bytes) and checked against the plan; then the data region is fetched
-in ranged requests, several in flight, straight into the file's host buffer. Last, the version
-is taken again: an object replaced while it was read is an error, not torn tensors.
+Per data file: the whole object is fetched at once, in as many GETs as the store's measured
+link asks for (one GET without a range when the object is smaller than one request), straight
+into the file's host buffer. On S3 each answer's size and version are checked before its body
+is read (no HEAD); elsewhere a metadata request before and after does it. Then the header is
+checked against the plan, before any tensor is made from the bytes.
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ import torch
 from ..format.integrity import Digests, check_digests
 from ..format.safetensors_header import Header
 from ..storage.remote import RemoteRoot
-from ..storage.remote_files import FILES_IN_FLIGHT, open_object
+from ..storage.remote_files import FILES_IN_FLIGHT, RemoteObject, header_in
 from .host_memory import fresh_buffer
 from .plan import FilePlan
 
 __all__ = ["read_remote_file", "read_remote_files"]
+
+#: Tensors are viewed in place where the data region starts at a multiple of this.
+_ALIGN = 8
 
 
 def read_remote_file(
@@ -33,21 +36,23 @@ def read_remote_file(
     Verified whenever the store reports no version to compare (SPEC 9.3). ``stop`` set: the
     load failed elsewhere, send no more requests."""
     record = plan.record
-    before, header, prefix = open_object(root, record.path, record.size)
-    verify = verify or not before.tag
-    plan.check_header(header)
-    buffer = fresh_buffer(record.size - header.data_start)
+    source = RemoteObject(root, record.path, record.size)
+    buffer = fresh_buffer(record.size)
     view = memoryview(buffer.numpy())  # type: ignore[arg-type]
-    have = len(prefix) - header.data_start  # data bytes that came with the header
-    view[:have] = prefix[header.data_start:]
-    root.read_into(record.path, len(prefix), [view[have:]], stop)
-    if verify:
+    # The header's bytes come with the data's, not in a request of their own first: the bytes
+    # are used only once the header is checked.
+    source.read_into(0, [view], stop)
+    header = header_in(view, record.size, record.path)
+    plan.check_header(header)
+    assert source.version is not None
+    if verify or not source.version.tag:
         digest = Digests(record.checksums)
-        digest.update(header.header_bytes)
         digest.update(view)
         check_digests(record.path, record.checksums, digest.hexdigests(), "object")
-    root.check_unchanged(record.path, before)
-    return header, buffer
+    source.finish()
+    data = buffer[header.data_start:]
+    # No alignment is required of the data region (SPEC 6.3): one that is unaligned is copied.
+    return header, data if header.data_start % _ALIGN == 0 else data.clone()
 
 
 def read_remote_files(

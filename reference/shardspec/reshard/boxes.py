@@ -25,7 +25,7 @@ from ..format.dtypes import DTYPES
 from ..format.errors import Finding, ShardspecError, error_for
 from ..format.safetensors_header import Header
 from ..load.reads import pread_into
-from ..storage.remote import REQUEST_BYTES, RemoteRoot
+from ..storage.remote_files import RemoteObject
 from .plan import SourcePiece, TargetPiece
 
 __all__ = [
@@ -339,9 +339,9 @@ class RemoteReads:
     #: Every gap is left to :meth:`flush`'s budget.
     coalesce_gap = 0
 
-    def __init__(self, root: RemoteRoot, stats: ReadStats, path: str, prefix: bytes,
+    def __init__(self, source: RemoteObject, stats: ReadStats, prefix: bytes,
                  gap_budget: float) -> None:
-        self.root, self.stats, self.path, self.gap_budget = root, stats, path, gap_budget
+        self.source, self.stats, self.gap_budget = source, stats, gap_budget
         self.prefix = memoryview(prefix)
         self.targets: list[tuple[int, memoryview]] = []
         self.copies: list[Callable[[], object]] = []
@@ -374,16 +374,16 @@ class RemoteReads:
                 rest.append((position, view))
         unwanted = have - (wanted - sum(len(view) for _, view in rest))
         allowance = max(0.0, self.gap_budget * wanted - unwanted)
-        requests = requests_for(rest, allowance, REQUEST_BYTES)
+        requests = requests_for(rest, allowance, self.source.root.link.request_bytes())
 
         def fetch(request: tuple[int, int, list[tuple[int, memoryview]]]) -> None:
             start, end, inside = request
-            data = memoryview(self.root.read(self.path, start, end))
+            data = memoryview(self.source.read(start, end))
             for position, view in inside:
                 low, high = max(position, start), min(position + len(view), end)
                 view[low - position : high - position] = data[low - start : high - start]
 
-        self.root.map(fetch, requests)
+        self.source.root.map(fetch, requests)
         self.stats.reads += len(requests)
         self.stats.data_bytes += sum(end - start for start, end, _ in requests)
         copies, self.copies = self.copies, []

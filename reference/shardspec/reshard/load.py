@@ -28,7 +28,7 @@ from ..load.host_memory import fresh_buffer
 from ..load.plan import FilePlan, plan_ranks
 from ..storage.paths import open_inside
 from ..storage.remote import RemoteRoot
-from ..storage.remote_files import PARTIAL_HEADER_PROBE, RemoteReader, open_object
+from ..storage.remote_files import PARTIAL_HEADER_PROBE, RemoteObject, RemoteReader, header_in
 from .boxes import BudgetedFileReads, FileReads, ReadStats, RemoteReads, Scratch, read_box
 from .plan import Resharder, ReshardPlan, SourcePiece, TargetPiece
 
@@ -48,6 +48,9 @@ REMOTE_GAP_BUDGET = 0.1
 
 #: Source files read at the same time.
 READ_THREADS = 4
+
+#: The smallest first request for a source object's header.
+_LEAST_PROBE = 1024
 
 #: Each target tensor starts at a multiple of this in the rank's buffer.
 _ALIGN = 64
@@ -272,21 +275,34 @@ def _read_remote_file(
     gap_budget: float,
 ) -> None:
     """:func:`_read_file` of an object: the same checks, then every box's runs as ranged
-    requests, and the object's version compared once they are in (SPEC 9.3)."""
+    requests, each answer's version compared with the first's (SPEC 9.3)."""
     record = plan.record
     stats.files_opened.append(record.path)
-    before, header, prefix = open_object(root, record.path, record.size, PARTIAL_HEADER_PROBE)
+    source = RemoteObject(root, record.path, record.size)
+    wanted = sum(byte_size(DTYPES[t.dtype], s.box_shape) or 0 for _, t, s in jobs)
+    if record.size <= min((1 + gap_budget) * wanted, root.link.request_bytes()):
+        # Fetching the whole object with one GET asks no more than the budget allows: every
+        # box is then copied out of it, no request per run.
+        prefix = source.read(0, record.size)
+        header = header_in(prefix, record.size, record.path)
+    else:
+        # The probe's bytes past the header count against the budget too: a rank that wants
+        # little asks a small probe (and a second request for a longer header).
+        header, prefix = source.header(
+            min(PARTIAL_HEADER_PROBE, max(int(gap_budget * wanted), _LEAST_PROBE)))
     stats.header_bytes += len(prefix)
     plan.check_header(header)
-    if verify or not before.tag:  # no version to compare: the checksum decides (SPEC 9.3)
-        _verify(RemoteReader(root, record.path, record.size), record, stats)
-    reads = RemoteReads(root, stats, record.path, prefix, gap_budget)
-    for name, target, source in sorted(jobs, key=lambda job: header.entries[job[0]].begin):
+    assert source.version is not None
+    if verify or not source.version.tag:  # no version to compare: the checksum decides
+        _verify(RemoteReader(source), record, stats)
+    reads = RemoteReads(source, stats, prefix, gap_budget)
+    for name, target, source_piece in sorted(jobs,
+                                             key=lambda job: header.entries[job[0]].begin):
         # Boxes read through a scratch buffer are copied after every request is in: each box
         # gets a scratch buffer of its own.
-        read_box(reads, header, name, target, source, out[name], Scratch())
+        read_box(reads, header, name, target, source_piece, out[name], Scratch())
     reads.flush()
-    root.check_unchanged(record.path, before)
+    source.finish()
 
 
 def _verify(readable: Readable, record: FileRecord, stats: ReadStats) -> None:

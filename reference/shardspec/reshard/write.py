@@ -21,7 +21,7 @@ from ..storage.location import Location, PathOrURL, locate
 from ..storage.manifest_file import read_manifest
 from ..storage.paths import resolve_inside
 from ..storage.remote import RemoteRoot, is_remote
-from ..storage.remote_files import remote_version
+from ..storage.remote_files import RemoteObject
 from ..write.save import (
     RankInfo,
     Shard,
@@ -122,11 +122,11 @@ def _extra_sources(src: Location, manifest: Manifest, folder: Path) -> dict[str,
     extras = {}
     for index, record in enumerate(manifest.extra_files):
         local = folder / str(index)
-        before = remote_version(src, record.path, record.size)
+        source = RemoteObject(src, record.path, record.size)
         with local.open("wb") as handle:
-            for chunk in src.stream(record.path, 0, record.size):
+            for chunk in source.stream(0, record.size):
                 handle.write(chunk)
-        src.check_unchanged(record.path, before)
+        source.finish()
         extras[record.path] = local  # its sha256 is compared with the record when copied
     return extras
 

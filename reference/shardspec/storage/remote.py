@@ -6,9 +6,12 @@ after the lexical checks of SPEC 2.2; object stores have no symlinks and no ``..
 path cannot name an object outside the prefix. Nothing is listed: the manifest alone says which
 objects exist.
 
-Every read is a ranged request, retried on transient failures, several in flight at once. An
-object's size and version (ETag, generation) are taken before its bytes are read and compared
-again after; a change in between is error ``object-changed``, never torn data (SPEC 9.3).
+Every read is one GET, retried on transient failures, several in flight at once, and timed:
+the store's :class:`~shardspec.storage.remote_link.Link` sizes the requests. On S3 each answer
+also reports the object's size and version (:mod:`~shardspec.storage.remote_s3`), which the
+caller checks before the body is read; other stores are asked with a metadata request
+(:meth:`RemoteRoot.version`). :class:`~shardspec.storage.remote_files.RemoteObject` reads one
+object as one version (SPEC 9.3).
 """
 
 from __future__ import annotations
@@ -18,33 +21,28 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..format.checks import path_problem
 from ..format.errors import Finding, IntegrityError, PathError, ShardspecError, StorageError
+from .remote_link import Link, link_for
+from .remote_s3 import RangeNotSatisfiable, Reported, is_s3, s3_get
 
 __all__ = [
-    "REQUEST_BYTES",
     "REQUESTS_IN_FLIGHT",
     "RETRIES",
     "ObjectVersion",
     "RemoteRoot",
     "Traffic",
+    "describe_version",
     "is_remote",
     "local_path",
 ]
 
-#: Bytes asked by one ranged request: large enough to amortise a request's latency, small enough
-#: that a rank's reads spread over many connections (the range object stores recommend).
-REQUEST_BYTES = 16 * 1024 * 1024
-
 #: Requests in flight at once per load, validation or copy.
 REQUESTS_IN_FLIGHT = 16
-
-#: Requests kept ahead of a stream's reader (hashing a file for ``validate --checksums``).
-STREAM_AHEAD = 4
 
 #: Attempts of one request on a transient failure (a 5xx, a dropped connection, a short body).
 RETRIES = 4
@@ -99,11 +97,11 @@ def local_path(path: str) -> str:
 class Traffic:
     """What a :class:`RemoteRoot` asked of the store: for benchmarks, tests and the curious."""
 
-    #: ranged reads answered (retries not counted twice)
+    #: GETs answered (retries not counted twice)
     reads: int = 0
     #: bytes those reads returned
     bytes_read: int = 0
-    #: metadata requests (size and version)
+    #: metadata requests (size and version: a HEAD; none on S3, whose GETs report both)
     stats: int = 0
 
 
@@ -141,6 +139,10 @@ class RemoteRoot:
             prefix = filesystem._strip_protocol(self.url)
         self.fs = filesystem
         self.prefix = str(prefix).rstrip("/")
+        #: the store's measured latency and throughput, which size the requests
+        self.link: Link = link_for(filesystem)
+        #: whether every GET's answer reports the object's size and version (S3)
+        self.answers_carry_versions = is_s3(filesystem)
         #: running totals of the requests made through this root
         self.traffic = Traffic()
         self._traffic_lock = threading.Lock()
@@ -200,85 +202,58 @@ class RemoteRoot:
             raise IntegrityError(Finding(
                 code="object-changed", file=relative,
                 message=f"{self.url_of(relative)} changed while it was read "
-                f"({_describe(before)} before, {_describe(after)} after)",
+                f"({describe_version(before)} before, {describe_version(after)} after)",
                 hint="nobody may replace an object a manifest lists (SPEC 10.2); load again "
                 "once the writer has committed"))
 
     # --- reads ----------------------------------------------------------------------------
 
-    def read(self, relative: str, start: int, end: int) -> bytes:
+    def read(self, relative: str, start: int, end: int,
+             check: Callable[[ObjectVersion], None] | None = None) -> bytes:
         """Bytes ``start..end`` of the object, exactly: a short answer is retried like any
-        transient failure."""
-        key = self.key(relative)
+        transient failure. ``check`` sees the size and version the store reports with the
+        answer, where it reports them (S3), before the body is read."""
         want = end - start
         if want <= 0:
             return b""
 
         def once() -> bytes:
-            data = bytes(self.fs.cat_file(key, start=start, end=end))
+            data = self._get(relative, start, end, None, check)
             if len(data) != want:
                 raise _ShortRead(f"the storage sent {len(data)} of {want} bytes (the object is "
                                  "shorter than its record, or the connection broke)")
             return data
 
-        data = self._call(relative, (start, end), once)
-        with self._traffic_lock:
-            self.traffic.reads += 1
-            self.traffic.bytes_read += len(data)
-        return data
+        return self._call(relative, (start, end), once)
 
-    def read_whole(self, relative: str, limit: int) -> bytes:
-        """The object's bytes with one request, or its first ``limit`` bytes when it is longer
-        (the caller refuses it then): one request is one version of the object."""
+    def read_whole(self, relative: str, limit: int,
+                   check: Callable[[ObjectVersion], None] | None = None) -> bytes:
+        """The object's bytes with one request (on S3 a GET without ``Range``), or its first
+        ``limit`` bytes when it is longer (the caller refuses it then): one request is one
+        version of the object. ``check`` as for :meth:`read`."""
+        return self._call(relative, None, lambda: self._get(relative, 0, None, limit, check))
+
+    def _get(self, relative: str, start: int, end: int | None, limit: int | None,
+             check: Callable[[ObjectVersion], None] | None) -> bytes:
+        """One GET (``end`` None: the whole object, at most ``limit`` bytes), timed for the
+        link and counted."""
         key = self.key(relative)
-        data = self._call(relative, None,
-                          lambda: bytes(self.fs.cat_file(key, start=0, end=limit)))
+        started = time.perf_counter()
+        first_byte: float | None = None
+        if self.answers_carry_versions:
+            def agree(reported: Reported) -> None:
+                if check is not None:
+                    check(ObjectVersion(*reported))
+
+            data, _, first_byte = s3_get(self.fs, key, start, end, limit, agree)
+        else:
+            stop = end if end is not None else start + (limit or 0)
+            data = bytes(self.fs.cat_file(key, start=start, end=stop))
+        self.link.observe(time.perf_counter() - started, len(data), first_byte)
         with self._traffic_lock:
             self.traffic.reads += 1
             self.traffic.bytes_read += len(data)
         return data
-
-    def read_into(self, relative: str, start: int, views: Sequence[memoryview],
-                  stop: threading.Event | None = None) -> None:
-        """Fill ``views``, which follow each other in the object from ``start``, in requests
-        of at most :data:`REQUEST_BYTES`, several at once. Once ``stop`` is set (another file
-        of the load failed), requests not yet sent are not sent."""
-        jobs: list[tuple[int, memoryview]] = []
-        position = start
-        for view in views:
-            for offset in range(0, len(view), REQUEST_BYTES):
-                jobs.append((position + offset, view[offset : offset + REQUEST_BYTES]))
-            position += len(view)
-
-        def fill(job: tuple[int, memoryview]) -> None:
-            if stop is not None and stop.is_set():
-                raise Cancelled(relative)
-            at, view = job
-            view[:] = self.read(relative, at, at + len(view))
-
-        self.map(fill, jobs)
-
-    def stream(self, relative: str, start: int, end: int,
-               chunk: int = REQUEST_BYTES) -> Iterator[bytes]:
-        """Bytes ``start..end`` in order, chunk by chunk, the next chunks already requested."""
-        pool = self.pool()
-        ahead: list[Future[bytes]] = []
-        positions = iter(range(start, end, chunk))
-        try:
-            for position in positions:
-                ahead.append(pool.submit(self.read, relative, position, min(position + chunk, end)))
-                if len(ahead) >= STREAM_AHEAD:
-                    break
-            while ahead:
-                data = ahead.pop(0).result()
-                following = next(positions, None)
-                if following is not None:
-                    ahead.append(pool.submit(self.read, relative, following,
-                                             min(following + chunk, end)))
-                yield data
-        finally:
-            for future in ahead:
-                future.cancel()
 
     def map(self, work: Callable[[T], None], items: Sequence[T]) -> None:
         """``work`` on every item, :data:`REQUESTS_IN_FLIGHT` at once; the first error raised."""
@@ -364,6 +339,12 @@ class RemoteRoot:
                     message=f"the storage refused access to {where}: {_reason(exc)}",
                     hint="check the credentials and permissions (fsspec storage_options, or "
                     "FSSPEC_<PROTOCOL> settings in the environment)")) from None
+            except RangeNotSatisfiable:
+                raise IntegrityError(Finding(
+                    code="file-size", file=relative,
+                    message=f"{where}: the store answered 416 (range not satisfiable), so the "
+                    "object is shorter than its record",
+                    hint="the object is truncated, replaced or still uploading")) from None
             except (IsADirectoryError, NotADirectoryError):
                 raise PathError(Finding(code="file-not-regular", file=relative,
                                         message=f"{where} is not an object")) from None
@@ -421,6 +402,7 @@ def _reason(exc: BaseException) -> str:
     return text if len(text) < 300 else text[:300] + "…"
 
 
-def _describe(version: ObjectVersion) -> str:
+def describe_version(version: ObjectVersion) -> str:
+    """An object's size and version fields, for messages."""
     tag = ", ".join(f"{name} {value}" for name, value in version.tag)
     return f"{version.size} bytes" + (f", {tag}" if tag else "")

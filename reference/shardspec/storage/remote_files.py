@@ -1,18 +1,22 @@
-"""One object of a remote checkpoint: its checked size and version, its header, its bytes as a
-stream (SPEC 2.4, 9.1, 9.3). Torch-free: ``validate`` uses these without importing torch."""
+"""One object of a remote checkpoint, read as one version: its checked size and version, its
+header, its bytes in requests the store's link sizes, or as a stream (SPEC 2.4, 9.1, 9.3).
+Torch-free: ``validate`` uses these without importing torch."""
 
 from __future__ import annotations
 
 import io
 import struct
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 
 from ..format.errors import Finding, IntegrityError
 from ..format.limits import MAX_SAFETENSORS_HEADER_BYTES
 from ..format.safetensors_header import Header, read_header
-from .remote import ObjectVersion, RemoteRoot
+from .remote import Cancelled, ObjectVersion, RemoteRoot, describe_version
 
-__all__ = ["FILES_IN_FLIGHT", "HEADER_PROBE", "PARTIAL_HEADER_PROBE", "RemoteReader",
-           "open_object", "read_remote_header", "remote_version"]
+__all__ = ["FILES_IN_FLIGHT", "HEADER_PROBE", "PARTIAL_HEADER_PROBE", "STREAM_AHEAD",
+           "RemoteObject", "RemoteReader", "header_in", "remote_version"]
 
 #: Bytes asked for first, to get a file's header in one request when the whole file is read
 #: anyway (the data bytes that come with it are used).
@@ -25,52 +29,142 @@ FILES_IN_FLIGHT = 4
 #: The same for a resharding rank, which may want none of the data bytes that come with it.
 PARTIAL_HEADER_PROBE = 16 * 1024
 
+#: Requests kept ahead of a stream's reader (hashing a file for ``validate --checksums``).
+STREAM_AHEAD = 4
+
 
 def remote_version(root: RemoteRoot, relative: str, size: int) -> ObjectVersion:
-    """The object's version, after checking its size against the manifest (SPEC 9.1)."""
+    """The object's version by a metadata request, after checking its size against the
+    manifest (SPEC 9.1)."""
     version = root.version(relative)
     if version.size != size:
-        raise IntegrityError(Finding(
-            code="file-size", file=relative,
-            message=f"the object has {version.size} bytes, the manifest says {size}",
-            hint="the object is truncated, replaced or still uploading"))
+        raise _size_error(relative, version.size, size)
     return version
 
 
-def read_remote_header(root: RemoteRoot, relative: str, size: int,
-                       probe: int = HEADER_PROBE) -> tuple[Header, bytes]:
-    """The checked header (SPEC 6.3) and every byte fetched for it (a prefix of the object):
-    ``probe`` bytes first, the rest of a longer header with a second request."""
-    return _finish_header(root, relative, size, root.read(relative, 0, min(size, probe)))
+def _size_error(relative: str, actual: int, size: int) -> IntegrityError:
+    return IntegrityError(Finding(
+        code="file-size", file=relative,
+        message=f"the object has {actual} bytes, the manifest says {size}",
+        hint="the object is truncated, replaced or still uploading"))
 
 
-def _finish_header(root: RemoteRoot, relative: str, size: int, prefix: bytes
-                   ) -> tuple[Header, bytes]:
-    if len(prefix) >= 8:
-        (length,) = struct.unpack("<Q", prefix[:8])
-        end = 8 + length
-        # Only a length that read_header would accept is worth a second request.
-        if length <= MAX_SAFETENSORS_HEADER_BYTES and len(prefix) < end <= size:
-            prefix += root.read(relative, len(prefix), end)
-    return read_header(io.BytesIO(prefix), size, relative), prefix
+class RemoteObject:
+    """An object read as one version (SPEC 9.3). Where the store reports the size and version
+    with every answer (S3), the first answer's are the object's, checked against the record,
+    and every later answer is compared with them before its body is read: no metadata request
+    at all. Elsewhere both are taken by a metadata request before the first read and again
+    by :meth:`finish`."""
+
+    def __init__(self, root: RemoteRoot, relative: str, size: int) -> None:
+        self.root, self.relative, self.size = root, relative, size
+        self.version: ObjectVersion | None = None
+        self._lock = threading.Lock()
+        if not root.answers_carry_versions:
+            self.version = remote_version(root, relative, size)
+
+    def read(self, start: int, end: int) -> bytes:
+        """Bytes ``start..end``; the whole object is one GET without a range."""
+        if start == 0 and end == self.size and self.root.answers_carry_versions:
+            data = self.root.read_whole(self.relative, self.size, self._agree)
+            if len(data) != self.size:  # the answer's length was checked: a broken body
+                raise _size_error(self.relative, len(data), self.size)
+            return data
+        return self.root.read(self.relative, start, end, self._agree)
+
+    def _agree(self, reported: ObjectVersion) -> None:
+        if reported.size != self.size:
+            raise _size_error(self.relative, reported.size, self.size)
+        with self._lock:
+            if self.version is None:
+                self.version = reported
+                return
+        if reported != self.version:
+            raise IntegrityError(Finding(
+                code="object-changed", file=self.relative,
+                message=f"{self.root.url_of(self.relative)} changed while it was read "
+                f"({describe_version(self.version)} before, {describe_version(reported)} "
+                "after)",
+                hint="nobody may replace an object a manifest lists (SPEC 10.2); load again "
+                "once the writer has committed"))
+
+    def finish(self) -> None:
+        """After the last read: IntegrityError ``object-changed`` if the object is not the one
+        read (stores whose answers carry no version: a metadata request)."""
+        if not self.root.answers_carry_versions:
+            assert self.version is not None
+            self.root.check_unchanged(self.relative, self.version)
+
+    def read_into(self, start: int, views: Sequence[memoryview],
+                  stop: threading.Event | None = None) -> None:
+        """Fill ``views``, which follow each other in the object from ``start``, in requests
+        the link sizes, all at once (the shared pool bounds those in flight). Once ``stop`` is
+        set (another file of the load failed), requests not yet sent are not sent."""
+        jobs: list[tuple[int, memoryview]] = []
+        position = start
+        for view in views:
+            for low, high in self.root.link.ranges(0, len(view)):
+                jobs.append((position + low, view[low:high]))
+            position += len(view)
+
+        def fill(job: tuple[int, memoryview]) -> None:
+            if stop is not None and stop.is_set():
+                raise Cancelled(self.relative)
+            at, view = job
+            view[:] = self.read(at, at + len(view))
+
+        self.root.map(fill, jobs)
+
+    def stream(self, start: int, end: int) -> Iterator[bytes]:
+        """Bytes ``start..end`` in order, request by request, the next ones already asked."""
+        pool = self.root.pool()
+        # an empty object is still asked for once: its answer reports its size
+        ranges = iter(self.root.link.ranges(start, end) or [(start, end)])
+        ahead: list[Future[bytes]] = []
+        try:
+            for low, high in ranges:
+                ahead.append(pool.submit(self.read, low, high))
+                if len(ahead) >= STREAM_AHEAD:
+                    break
+            while ahead:
+                data = ahead.pop(0).result()
+                following = next(ranges, None)
+                if following is not None:
+                    ahead.append(pool.submit(self.read, *following))
+                yield data
+        finally:
+            for future in ahead:
+                future.cancel()
+
+    def header(self, probe: int = HEADER_PROBE) -> tuple[Header, bytes]:
+        """The checked header (SPEC 6.3) and every byte fetched for it (a prefix of the
+        object): ``probe`` bytes first (the whole object when that is all of it), the rest of
+        a longer header with a second request."""
+        prefix = self.read(0, min(self.size, probe))
+        if len(prefix) >= 8:
+            (length,) = struct.unpack("<Q", prefix[:8])
+            end = 8 + length
+            # Only a length that read_header would accept is worth a second request.
+            if length <= MAX_SAFETENSORS_HEADER_BYTES and len(prefix) < end <= self.size:
+                prefix += self.read(len(prefix), end)
+        return header_in(prefix, self.size, self.relative), prefix
 
 
-def open_object(root: RemoteRoot, relative: str, size: int, probe: int = HEADER_PROBE
-                ) -> tuple[ObjectVersion, Header, bytes]:
-    """:func:`remote_version`, then :func:`read_remote_header`. In this order, not in flight
-    together: a version taken after the header's request was answered could belong to an
-    object that replaced the one the header came from, and the check of SPEC 9.3 would pass
-    on torn bytes."""
-    version = remote_version(root, relative, size)
-    return version, *read_remote_header(root, relative, size, probe)
+def header_in(prefix: bytes | memoryview, size: int, relative: str) -> Header:
+    """The checked header at the start of ``prefix`` (the first bytes of a ``size``-byte file)."""
+    end = len(prefix)
+    if end >= 8:
+        (length,) = struct.unpack_from("<Q", prefix)
+        end = min(end, 8 + min(length, MAX_SAFETENSORS_HEADER_BYTES + 1))
+    return read_header(io.BytesIO(prefix[:end]), size, relative)
 
 
 class RemoteReader:
     """An object as a readable stream (what :func:`~shardspec.format.integrity.digest_stream`
     reads): its bytes in order, the next ranged requests already in flight."""
 
-    def __init__(self, root: RemoteRoot, relative: str, size: int) -> None:
-        self._chunks = root.stream(relative, 0, size)
+    def __init__(self, source: RemoteObject) -> None:
+        self._chunks = source.stream(0, source.size)
         self._pending = memoryview(b"")
 
     def readinto(self, buffer: memoryview) -> int:

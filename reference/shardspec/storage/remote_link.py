@@ -1,0 +1,126 @@
+"""How fast a store answers, measured from the requests made, and the request size that follows.
+
+A ranged request costs a round trip and the store's own work before its first byte (the
+*latency*), then its bytes at the rate one connection carries (the *throughput*). Requests far
+longer than a latency's worth of bytes leave connections idle while the few of them drain;
+requests far shorter pay the latency over and over. So a request asks for about
+:data:`LATENCIES_PER_REQUEST` latencies' worth of bytes, the latency then being a fifth of its
+time, within :data:`MIN_REQUEST_BYTES`..:data:`MAX_REQUEST_BYTES`.
+
+Both figures are measured per store endpoint (a :class:`Link`, shared by every checkpoint read
+from it in the process) from the GETs the reader makes anyway: each answer's time to its first
+byte and its body's bytes and time, in exponentially weighted averages whose first sample
+replaces the guess made before any (S3's typical 30 ms and 90 MB/s per connection, which give
+S3's recommended 8-16 MB ranges).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+__all__ = [
+    "DEFAULT_LATENCY_S",
+    "DEFAULT_THROUGHPUT",
+    "LATENCIES_PER_REQUEST",
+    "MAX_REQUEST_BYTES",
+    "MIN_REQUEST_BYTES",
+    "REQUEST_BYTES",
+    "Link",
+    "link_for",
+]
+
+#: Seconds to an answer's first byte, before any was measured.
+DEFAULT_LATENCY_S = 0.030
+
+#: Bytes per second of one connection, before any was measured.
+DEFAULT_THROUGHPUT = 90e6
+
+#: A request asks for this many latencies' worth of bytes.
+LATENCIES_PER_REQUEST = 4
+
+#: Bounds of a request's size: below, per-request costs beyond the round trip (signing, the
+#: store's per-request charge) dominate; above, one slow connection holds the whole load up.
+MIN_REQUEST_BYTES = 8 * 1024 * 1024
+MAX_REQUEST_BYTES = 512 * 1024 * 1024
+
+#: A fixed request size in place of the measured one; None: measured. For a store whose cost
+#: the measurement misjudges, and for benchmarks (one request per object: ``1 << 40``).
+REQUEST_BYTES: int | None = None
+
+#: Weight of a new sample in the averages.
+_WEIGHT = 0.25
+
+#: A body shorter than this arrives with its headers and says nothing of the throughput.
+_THROUGHPUT_SAMPLE_BYTES = 1024 * 1024
+
+
+class Link:
+    """The latency and throughput of one store endpoint, as measured so far."""
+
+    def __init__(self) -> None:
+        self.latency_s = DEFAULT_LATENCY_S
+        self.throughput = DEFAULT_THROUGHPUT
+        #: samples taken of each: 0 means the figure is still the guess
+        self.latency_samples = self.throughput_samples = 0
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (f"Link(latency {self.latency_s * 1e3:.1f} ms, "
+                f"{self.throughput / 1e6:.0f} MB/s, requests of "
+                f"{self.request_bytes() / 2**20:.1f} MiB)")
+
+    def observe(self, seconds: float, nbytes: int, first_byte_s: float | None = None) -> None:
+        """Learn from one answered GET: ``nbytes`` of body in ``seconds`` in all, the first
+        after ``first_byte_s`` (None where the client does not tell: then only a short body's
+        time counts, as latency)."""
+        latency = first_byte_s
+        if latency is None and nbytes < _THROUGHPUT_SAMPLE_BYTES:
+            latency = seconds
+        with self._lock:
+            if latency is not None:
+                self.latency_s = _average(self.latency_s, max(latency, 0.0),
+                                          self.latency_samples)
+                self.latency_samples += 1
+            if nbytes >= _THROUGHPUT_SAMPLE_BYTES:
+                transfer = seconds - (first_byte_s if first_byte_s is not None
+                                      else self.latency_s)
+                rate = nbytes / max(transfer, 1e-4)
+                self.throughput = _average(self.throughput, rate, self.throughput_samples)
+                self.throughput_samples += 1
+
+    def request_bytes(self) -> int:
+        """The size of one ranged request now."""
+        if REQUEST_BYTES is not None:
+            return REQUEST_BYTES
+        wanted = LATENCIES_PER_REQUEST * self.latency_s * self.throughput
+        return int(min(max(wanted, MIN_REQUEST_BYTES), MAX_REQUEST_BYTES))
+
+    def ranges(self, start: int, end: int) -> list[tuple[int, int]]:
+        """``start..end`` in requests of at most :meth:`request_bytes`, of even sizes (no short
+        last request paying a whole latency for a few bytes)."""
+        if end <= start:
+            return []
+        count = math.ceil((end - start) / self.request_bytes())
+        step = math.ceil((end - start) / count)
+        return [(at, min(at + step, end)) for at in range(start, end, step)]
+
+
+def _average(current: float, sample: float, samples: int) -> float:
+    return sample if samples == 0 else current + _WEIGHT * (sample - current)
+
+
+_LINKS: dict[tuple[str, str], Link] = {}
+_LINKS_LOCK = threading.Lock()
+
+
+def link_for(fs: Any) -> Link:
+    """The link of an fsspec filesystem: one per protocol and endpoint URL (S3-compatible
+    stores are told apart by theirs), however many filesystem instances reach it."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    client_kwargs = getattr(fs, "client_kwargs", None) or {}
+    endpoint = client_kwargs.get("endpoint_url") or getattr(fs, "endpoint_url", None) or ""
+    key = (str(protocol), str(endpoint))
+    with _LINKS_LOCK:
+        return _LINKS.setdefault(key, Link())

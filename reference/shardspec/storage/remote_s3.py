@@ -1,0 +1,103 @@
+"""GETs of S3 objects that keep what the answer's headers say (SPEC 2.4, 9.1, 9.3).
+
+An S3 GET answers with the object's size (``Content-Range: bytes a-b/SIZE``, or the
+``Content-Length`` of a GET without ``Range``) and its ``ETag`` (and ``x-amz-version-id`` where
+the bucket keeps versions). So the reader needs no HEAD: it checks the size and the version of
+every answer before the answer's body is read. s3fs's ``cat_file`` drops those headers (and sends
+a HEAD of its own before a whole-object read), so the GET is made here, through s3fs's client,
+with its retries.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["RangeNotSatisfiable", "S3Answer", "is_s3", "s3_get"]
+
+#: The size the store reports and the version fields, as in ``ObjectVersion``.
+Reported = tuple[int, tuple[tuple[str, str], ...]]
+
+#: (body, what the store reported, seconds to the first byte)
+S3Answer = tuple[bytes, Reported, float]
+
+
+class RangeNotSatisfiable(Exception):
+    """The store answered 416: the object ends before the range asked begins."""
+
+
+def is_s3(fs: Any) -> bool:
+    """Whether ``fs`` is s3fs's filesystem (any S3-compatible store)."""
+    return type(fs).__module__.split(".")[0] == "s3fs"
+
+
+def s3_get(fs: Any, path: str, start: int, end: int | None, limit: int | None,
+           check: Callable[[Reported], None] | None) -> S3Answer:
+    """One GET of ``path``: bytes ``start..end``, or the whole object (``end`` None: no
+    ``Range``, at most ``limit`` bytes of its body read). ``check`` sees the reported size and
+    version before the body is read, and refuses by raising."""
+    from fsspec.asyn import sync  # noqa: PLC0415 - with s3fs, only for remote checkpoints
+    from s3fs.core import _error_wrapper  # noqa: PLC0415
+
+    bucket, key, version_id = fs.split_path(path)
+    head: dict[str, str] = {}
+    if end is not None:
+        head["Range"] = f"bytes={start}-{end - 1}"
+    if version_id:
+        head["VersionId"] = version_id
+
+    async def call_and_read() -> S3Answer:
+        started = time.perf_counter()
+        answer = await fs._call_s3("get_object", Bucket=bucket, Key=key, **head)
+        first_byte = time.perf_counter() - started
+        body = answer["Body"]
+        try:
+            reported = _reported(answer)
+            if check is not None:
+                check(reported)
+            data = await (body.read() if limit is None else _read_at_most(body, limit))
+        finally:
+            body.close()
+        return bytes(data), reported, first_byte
+
+    try:
+        # s3fs's own retry of a dropped or short body, as its cat_file does
+        return sync(fs.loop, _error_wrapper, call_and_read, retries=fs.retries)
+    except OSError as exc:
+        if _status(exc) == 416:
+            raise RangeNotSatisfiable(start) from None
+        raise
+
+
+async def _read_at_most(body: Any, limit: int) -> bytes:
+    """Up to ``limit`` bytes of a streaming body (one ``read(n)`` may return fewer)."""
+    parts, count = [], 0
+    while count < limit:
+        part = await body.read(limit - count)
+        if not part:
+            break
+        parts.append(part)
+        count += len(part)
+    return b"".join(parts)
+
+
+def _reported(answer: dict[str, Any]) -> Reported:
+    content_range = answer.get("ContentRange") or ""
+    if "/" in content_range and not content_range.endswith("/*"):
+        size = int(content_range.rsplit("/", 1)[1])
+    else:
+        size = int(answer.get("ContentLength", -1))
+    tag = tuple((name, str(answer[name])) for name in ("VersionId", "ETag")
+                if answer.get(name) not in (None, ""))
+    return size, tag
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status of the boto ClientError behind s3fs's translated error, if any."""
+    cause = exc.__cause__
+    response = getattr(cause, "response", None) or {}
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if status is None and response.get("Error", {}).get("Code") == "InvalidRange":
+        return 416
+    return status if isinstance(status, int) else None

@@ -59,8 +59,9 @@ def reshard_command(
     gap_budget: Annotated[float | None, typer.Option(
         "--gap-budget", min=0.0, show_default=False,
         help="From object storage: the bytes of gaps a new rank may fetch to save requests, as "
-        "a fraction of the bytes it wants (default 0.1). Splitting row-parallel tensors "
-        "further asks a range per row: 1.0 fetches whole rows in a few requests instead.")
+        "a fraction of the bytes it wants (default 1.0: at most twice the bytes wanted, and "
+        "a row-parallel tensor split further is fetched as whole rows in a few requests). "
+        "0.1 asks at most a tenth more, at a range per row.")
     ] = None,
 ) -> None:
     """Write SOURCE again at DESTINATION with another tp_size, pp_size or ep_size (SPEC 11.3).

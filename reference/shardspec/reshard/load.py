@@ -1,8 +1,9 @@
 """Resharding, the load: a :class:`~shardspec.reshard.plan.ReshardPlan` -> one rank's tensors.
 
 Only the byte ranges of the source pieces that overlap a target piece are read
-(:mod:`~shardspec.reshard.boxes`); from object storage (SPEC 2.4) gaps are fetched only while
-the bytes asked stay within :data:`REMOTE_GAP_BUDGET` of the bytes wanted. Every source file is
+(:mod:`~shardspec.reshard.boxes`); gaps between them are fetched only while the bytes asked stay
+within a budget of the bytes wanted: :data:`REMOTE_GAP_BUDGET` from object storage (SPEC 2.4),
+:data:`LOCAL_GAP_BUDGET` from local files where a caller asks for a budget. Every source file is
 opened by SPEC 2.2, its size checked against the manifest (9.1) and its header checked (6.3)
 and compared with the manifest (7.2) before any of its data is read.
 """
@@ -34,6 +35,7 @@ from .plan import Resharder, ReshardPlan, SourcePiece, TargetPiece
 
 __all__ = [
     "CONFIG_NAME",
+    "LOCAL_GAP_BUDGET",
     "READ_THREADS",
     "REMOTE_GAP_BUDGET",
     "ReadStats",
@@ -43,8 +45,15 @@ __all__ = [
 ]
 
 #: From object storage, the gaps between wanted runs that are fetched anyway (one request
-#: instead of two) add up to at most this fraction of the wanted bytes.
-REMOTE_GAP_BUDGET = 0.1
+#: instead of two) add up to at most this fraction of the wanted bytes: at most twice the
+#: wanted bytes asked. A row-parallel tensor split further (TP 4 -> 8) wants half of every row,
+#: its gaps as long as its runs: this bridges them, a few requests per object instead of one
+#: per row, each of which costs a round trip while a gap costs only its bytes.
+REMOTE_GAP_BUDGET = 1.0
+
+#: The same for local files, read by a caller that asks for a budget (the DCP reader, the vLLM
+#: loader): a read call costs microseconds, not a round trip, so bytes are worth saving.
+LOCAL_GAP_BUDGET = 0.1
 
 #: Source files read at the same time.
 READ_THREADS = 4

@@ -30,7 +30,7 @@ from ...format.limits import MANIFEST_NAME
 from ...format.manifest import Alias, Manifest, Piece, TensorRecord
 from ...reader import Checkpoint, open_checkpoint
 from ...reshard.boxes import ReadStats
-from ...reshard.load import REMOTE_GAP_BUDGET, execute_reshard
+from ...reshard.load import LOCAL_GAP_BUDGET, REMOTE_GAP_BUDGET, execute_reshard
 from ...reshard.plan import ReshardPlan, SourcePiece, TargetPiece
 from ...storage.location import PathOrURL
 from ...storage.paths import open_inside
@@ -49,9 +49,10 @@ class Reader(StorageReader):
     from the checkpoint's is refused (:class:`shardspec.RequestError`) naming the tensor; DCP's
     planner refuses a different shape before the reader sees the request. Runs of wanted bytes
     are read together across the gaps between them while the bytes read beyond the wanted ones
-    stay within ``gap_budget`` x the wanted bytes of a file, locally and in object storage.
-    ``gap_budget=None`` reads every gap under 1 MiB of a local file (fewer, longer reads, more
-    bytes) and keeps the default budget in object storage. ``stats`` counts
+    stay within ``gap_budget`` x the wanted bytes of a local file (default 0.1);
+    ``gap_budget=None`` reads every gap under 1 MiB (fewer, longer reads, more bytes).
+    ``remote_gap_budget`` is the same bound in object storage (default 1.0: there a request
+    costs a round trip, a gap only its bytes). ``stats`` counts
     the tensor bytes this rank read (headers, data, verification), across loads.
     """
 
@@ -60,7 +61,8 @@ class Reader(StorageReader):
         path: PathOrURL,
         *,
         verify: bool = False,
-        gap_budget: float | None = REMOTE_GAP_BUDGET,
+        gap_budget: float | None = LOCAL_GAP_BUDGET,
+        remote_gap_budget: float = REMOTE_GAP_BUDGET,
         ignore_extensions: Collection[str] = (),
         storage_options: dict[str, Any] | None = None,
     ) -> None:
@@ -68,6 +70,7 @@ class Reader(StorageReader):
         self.path: PathOrURL = path
         self.verify = verify
         self.gap_budget = gap_budget
+        self.remote_gap_budget = remote_gap_budget
         self.ignore_extensions = ignore_extensions
         self.storage_options = storage_options
         self.stats = ReadStats()
@@ -161,7 +164,8 @@ class Reader(StorageReader):
         reshard = ReshardPlan(rank=-1, layout=manifest.layout, pieces=pieces, aliases={})
         read = execute_reshard(checkpoint.path, manifest, reshard, torch.device("cpu"),
                                verify=self.verify, stats=self.stats, separate=True,
-                               gap_budget=self.gap_budget, local_gap_budget=self.gap_budget)
+                               gap_budget=self.remote_gap_budget,
+                               local_gap_budget=self.gap_budget)
         for stored, its in by_stored.items():
             for item in its:
                 value = read[stored]

@@ -37,7 +37,7 @@ from ...format.experts import find_experts
 from ...format.manifest import Alias, Manifest, TensorRecord
 from ...reader import Checkpoint, open_checkpoint
 from ...reshard.boxes import ReadStats
-from ...reshard.load import REMOTE_GAP_BUDGET, execute_reshard
+from ...reshard.load import LOCAL_GAP_BUDGET, execute_reshard
 from ...reshard.plan import Box
 from ...reshard.regions import plan_boxes
 from .layouts import EngineRank, check_quantization, own_rank, refuse_rank_local
@@ -182,10 +182,11 @@ def global_tensors(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
         wanted[name] = (data, box)
         boxes[data] = _bounding(boxes[data], box) if data in boxes else box
     # Gaps between a worker's runs (its columns of a row-parallel weight) are read only while
-    # they stay within REMOTE_GAP_BUDGET of the bytes wanted, from local files too.
+    # they stay within LOCAL_GAP_BUDGET of the bytes wanted from local files (REMOTE_GAP_BUDGET
+    # from object storage).
     pieces = execute_reshard(checkpoint.path, manifest, plan_boxes(manifest, boxes),
                              torch.device("cpu"), verify=verify, stats=stats,
-                             local_gap_budget=REMOTE_GAP_BUDGET)
+                             local_gap_budget=LOCAL_GAP_BUDGET)
     poison = os.environ.get(CHECK_BOXES_ENV) == "1"
     for name, (data, box) in wanted.items():
         record = records[data]

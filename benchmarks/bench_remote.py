@@ -1,14 +1,15 @@
 """Object-storage benchmark: one rank's load from an S3 server against fetching more first.
 
 A synthetic Llama-shaped bf16 model (default 512 MiB) is uploaded to a local S3 server (moto, on
-127.0.0.1, in this process) twice: as a shardspec checkpoint with TP ranks, and as one whole
+127.0.0.1, in this process, behind tests/s3_server.py's middleware, which logs every request the
+server answers) twice: as a shardspec checkpoint with TP ranks, and as one whole
 safetensors file. Rank TP-1 (the last) is then loaded by every contender, interleaved in a
 rotating order in each repeat:
 
 * ``shardspec``      - ``shardspec.open(url).load_rank(rank)``: the manifest, then ranged
   requests for the rank's own objects only, several in flight, into memory;
-* ``shardspec-1req`` - the same with one request for each object's data region
-  (``REQUEST_BYTES`` raised past the object): the cost of the requests themselves on this server;
+* ``shardspec-1req`` - the same with one GET per object (``remote_link.REQUEST_BYTES`` raised
+  past the object, in place of the size the measured link gives): one request per object;
 * ``download-all``   - the whole checkpoint prefix downloaded to local disk (``fs.get``), then
   ``shardspec.load_rank`` from there: what a user does with ``aws s3 sync`` first;
 * ``download-rank``  - only the manifest and the rank's files downloaded (what ``shardspec
@@ -17,6 +18,10 @@ rotating order in each repeat:
   ``cat_file`` (concurrent chunks): vLLM sharded-state files in a bucket, read as bytes;
 * ``st-whole``       - ``safetensors.torch.load`` of the whole unsharded file fetched with s3fs,
   then the rank's slice of every tensor copied out: the whole-checkpoint loader;
+* ``runai``          - runai-model-streamer's ``SafetensorsStreamer`` reading the rank's objects
+  by ``s3://`` URL from the same server (its S3 backend, endpoint from ``AWS_ENDPOINT_URL``), with
+  its default concurrency; ``runai-1worker`` the same with ``RUNAI_STREAMER_CONCURRENCY=1``.
+  Skipped, with a note, where the package does not import;
 
 and, untimed against the others, ``reshard``: rank 2*TP-1 of a layout with twice the TP size,
 loaded from the TP checkpoint with partial ranged reads (bytes and requests counted for the data
@@ -26,12 +31,14 @@ against the bytes of its pieces and the requests made: a row-parallel slice is a
 and only bridging the gaps between runs, with bytes nobody wants, saves requests.
 
 Bytes fetched are counted by the client (shardspec's ``RemoteRoot.traffic``; the object sizes
-for the others). There is no client cache to warm: every remote read goes to the server, which
-holds the objects in memory; the downloaded copies are written fresh each repeat. The server
-shares the machine's cores with the client, so absolute rates are the server's, not S3's: read
-the ratios. Moto answers a ranged GET by copying the whole object first, so on it a request
-costs in proportion to the object's size, which is not how S3 behaves: ``shardspec-1req`` shows
-that share.
+for the others); requests by the server, per method, for each contender's last repeat. There
+is no client cache to warm: every remote read goes to the server, which holds the objects in
+memory; the downloaded copies are written fresh each repeat. The server shares the machine's
+cores with the client, so absolute rates are the server's, not S3's: read the ratios. Moto
+answers a ranged GET by copying the whole object first, so on it a request costs in proportion
+to the object's size, which is not how S3 behaves: ``shardspec-1req`` shows that share.
+shardspec's link is measured from the first load on, so its ``first s`` is the load made with
+the guesses (30 ms, 90 MB/s).
 
 This is a benchmark, not a test: it exits non-zero only when loaded tensors are wrong.
 
@@ -44,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import shutil
 import statistics
@@ -60,36 +68,71 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 import shardspec  # noqa: E402
+from s3_server import AWS_ENVIRONMENT, AWS_UNSET, S3Server  # noqa: E402
 from shardspec import Layout  # noqa: E402
 from shardspec.format.limits import MANIFEST_NAME  # noqa: E402
 from shardspec.reshard import load as reshard_load  # noqa: E402
-from shardspec.storage import remote  # noqa: E402
+from shardspec.storage import remote_link  # noqa: E402
 from shardspec.storage.remote import RemoteRoot  # noqa: E402
 from synthetic import make_weights, model_spec  # noqa: E402
 
 BUCKET = "bench"
 
 
-def start_server() -> tuple[Any, dict[str, Any]]:
-    from moto.server import ThreadedMotoServer
-
+def start_server() -> tuple[S3Server, dict[str, Any]]:
+    """The server, and the environment every S3 client here reads (runai's included)."""
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
+    os.environ.update(AWS_ENVIRONMENT)
+    for name in AWS_UNSET:
+        os.environ.pop(name, None)
+    server = S3Server().start()
+    os.environ.update({"AWS_ENDPOINT_URL": server.endpoint_url, "AWS_REGION": "us-east-1",
+                       "RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING": "0",
+                       "NO_PROXY": "127.0.0.1"})
+    server.create_bucket(BUCKET)
     # fsspec caches the filesystem instance for these options: every contender, shardspec
-    # included, reuses one S3 client, as a serving process does.
-    options = {"key": "testing", "secret": "testing",
-               "client_kwargs": {"endpoint_url": f"http://{host}:{port}",
-                                 "region_name": "us-east-1"}}
-    import boto3
-
-    boto3.client("s3", endpoint_url=f"http://{host}:{port}", region_name="us-east-1",
-                 aws_access_key_id="testing", aws_secret_access_key="testing",
-                 ).create_bucket(Bucket=BUCKET)
+    # included, reuses one S3 client, as a serving process does (botocore's own retries).
+    options = server.storage_options(config_kwargs={"s3": {"addressing_style": "path"}},
+                                     skip_instance_cache=False)
     return server, options
+
+
+def runai_load(urls: list[str], concurrency: int | None) -> dict[str, torch.Tensor]:
+    """runai-model-streamer's SafetensorsStreamer reading ``urls`` (its default concurrency, or
+    ``concurrency`` workers)."""
+    from runai_model_streamer import SafetensorsStreamer
+
+    saved = os.environ.get("RUNAI_STREAMER_CONCURRENCY")
+    if concurrency is not None:
+        os.environ["RUNAI_STREAMER_CONCURRENCY"] = str(concurrency)
+    try:
+        with SafetensorsStreamer() as streamer:
+            streamer.stream_files(urls)
+            return dict(streamer.get_tensors())
+    finally:
+        os.environ.pop("RUNAI_STREAMER_CONCURRENCY", None)
+        if saved is not None:
+            os.environ["RUNAI_STREAMER_CONCURRENCY"] = saved
+
+
+def runai_missing() -> str | None:
+    """Why the runai contenders cannot run here, or None."""
+    try:
+        import runai_model_streamer  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - an import of a native library fails many ways
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def count_requests(server: S3Server, prefix: str) -> dict[str, int]:
+    """Requests the server answered under ``prefix``, per method."""
+    counts: dict[str, int] = {}
+    for request in server.requests(key_prefix=prefix):
+        counts[request.method] = counts.get(request.method, 0) + 1
+    return counts
 
 
 def split_states(weights: dict[str, torch.Tensor], spec: list[Any], tp: int
@@ -186,13 +229,12 @@ def main(argv: list[str] | None = None) -> int:
             return tensors
 
         def c_shardspec_1req() -> dict[str, torch.Tensor]:
-            saved = remote.REQUEST_BYTES
-            remote.REQUEST_BYTES = 1 << 40  # one request per object's data region
+            remote_link.REQUEST_BYTES = 1 << 40  # one GET per object
             try:
                 ckpt = shardspec.open(url, storage_options=options)
                 tensors = ckpt.load_rank(rank, "cpu")
             finally:
-                remote.REQUEST_BYTES = saved
+                remote_link.REQUEST_BYTES = None
             assert isinstance(ckpt.path, RemoteRoot)
             fetched["shardspec-1req"] = ckpt.path.traffic.bytes_read
             return tensors
@@ -223,20 +265,36 @@ def main(argv: list[str] | None = None) -> int:
             fetched["st-whole"] = whole_bytes
             return slice_rank(whole, spec, tp, rank)
 
-        contenders = {"shardspec": c_shardspec, "shardspec-1req": c_shardspec_1req,
-                      "download-all": c_download_all,
-                      "download-rank": c_download_rank, "st-rank": c_st_rank,
-                      "st-whole": c_st_whole}
+        rank_urls = [f"s3://{BUCKET}/tp{tp}/{name}" for name in rank_files]
+
+        def c_runai(concurrency: int | None, name: str) -> dict[str, torch.Tensor]:
+            fetched[name] = rank_bytes
+            return runai_load(rank_urls, concurrency)
+
+        contenders: dict[str, Callable[[], dict[str, torch.Tensor]]] = {
+            "shardspec": c_shardspec, "shardspec-1req": c_shardspec_1req,
+            "download-all": c_download_all, "download-rank": c_download_rank,
+            "st-rank": c_st_rank, "st-whole": c_st_whole}
+        skipped = runai_missing()
+        if skipped is None:
+            contenders["runai"] = partial(c_runai, None, "runai")
+            contenders["runai-1worker"] = partial(c_runai, 1, "runai-1worker")
+        else:
+            print(f"runai contenders skipped: {skipped}", file=sys.stderr)
         times: dict[str, list[float]] = {name: [] for name in contenders}
+        requests: dict[str, dict[str, int]] = {}
         names = list(contenders)
         for repeat in range(args.repeats):
             order = names[repeat % len(names):] + names[:repeat % len(names)]
             for name in order:
+                server.clear_log()
                 seconds, result = timed(contenders[name])
+                requests[name] = count_requests(server, "")
                 check(result, expected, name)
                 del result
                 times[name].append(seconds)
                 print(f"repeat {repeat + 1}: {name} {seconds:.3f} s", file=sys.stderr)
+        link = repr(RemoteRoot(url, options).link)
 
         # resharding on load: twice the TP size, the last rank; bytes asked vs piece bytes
         target = Layout(tp_size=2 * tp)
@@ -244,7 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         for budget in (float(b) for b in args.reshard_budgets.split(",")):
             reshard_load.REMOTE_GAP_BUDGET = budget
             ckpt = shardspec.open(url, storage_options=options)
+            server.clear_log()
             seconds, resharded = timed(partial(ckpt.load_rank, 2 * tp - 1, "cpu", layout=target))
+            served = count_requests(server, f"tp{tp}/model-")
             check(resharded, expected_rank(weights, spec, 2 * tp, 2 * tp - 1), "reshard")
             assert isinstance(ckpt.path, RemoteRoot)
             piece_bytes = sum(t.numel() * t.element_size() for t in resharded.values())
@@ -252,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             asked = traffic.bytes_read - manifest_bytes  # of the data objects, headers included
             reshard.append({"budget": budget, "seconds": seconds, "bytes_asked": asked,
                             "piece_bytes": piece_bytes, "requests": traffic.reads - 1,
-                            "ratio": asked / piece_bytes})
+                            "served": served, "ratio": asked / piece_bytes})
             del resharded
             print(f"reshard, gap budget {budget}: {seconds:.2f} s", file=sys.stderr)
     finally:
@@ -264,8 +324,11 @@ def main(argv: list[str] | None = None) -> int:
                     "torch": torch.__version__, "fsspec": fsspec.__version__},
         "model": {"bytes": total, "hidden": hidden, "tp": tp, "rank": rank,
                   "rank_bytes": rank_bytes, "upload_seconds": upload_s},
-        "contenders": {name: {"median_s": statistics.median(ts), "all_s": ts,
-                              "bytes_fetched": fetched[name]} for name, ts in times.items()},
+        "contenders": {name: {"median_s": statistics.median(ts), "first_s": ts[0], "all_s": ts,
+                              "bytes_fetched": fetched[name], "requests": requests[name]}
+                       for name, ts in times.items()},
+        "runai_skipped": skipped,
+        "link": link,
         "reshard": reshard,
     }
     report(result)
@@ -280,17 +343,24 @@ def report(result: dict[str, Any]) -> None:
           f"holds {model['rank_bytes'] / 2**20:.0f} MiB; uploaded with shardspec.save in "
           f"{model['upload_seconds']:.1f} s")
     base = result["contenders"]["shardspec"]["median_s"]
-    print("| contender | median s | x shardspec | MiB fetched | rank MiB/s |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print("| contender | median s | first s | x shardspec | MiB fetched | rank MiB/s | "
+          "requests served |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
     for name, row in result["contenders"].items():
         mib = row["bytes_fetched"] / 2**20
-        print(f"| {name} | {row['median_s']:.3f} | {row['median_s'] / base:.2f} | {mib:.0f} | "
-              f"{model['rank_bytes'] / 2**20 / row['median_s']:.0f} |")
+        served = ", ".join(f"{n} {m}" for m, n in sorted(row["requests"].items()))
+        print(f"| {name} | {row['median_s']:.3f} | {row['first_s']:.3f} | "
+              f"{row['median_s'] / base:.2f} | {mib:.0f} | "
+              f"{model['rank_bytes'] / 2**20 / row['median_s']:.0f} | {served} |")
+    if result["runai_skipped"]:
+        print(f"runai, runai-1worker: skipped ({result['runai_skipped']})")
+    print(f"shardspec's link after the runs: {result['link']}")
     print(f"resharding on load to TP={2 * model['tp']}, rank {2 * model['tp'] - 1}:")
-    print("| gap budget | s | requests | MiB asked | MiB of pieces | asked / pieces |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| gap budget | s | requests | served | MiB asked | MiB of pieces | asked / pieces |")
+    print("| ---: | ---: | ---: | --- | ---: | ---: | ---: |")
     for r in result["reshard"]:
-        print(f"| {r['budget']} | {r['seconds']:.2f} | {r['requests']} | "
+        served = ", ".join(f"{n} {m}" for m, n in sorted(r["served"].items()))
+        print(f"| {r['budget']} | {r['seconds']:.2f} | {r['requests']} | {served} | "
               f"{r['bytes_asked'] / 2**20:.1f} | {r['piece_bytes'] / 2**20:.1f} | "
               f"{r['ratio']:.3f} |")
 

@@ -52,8 +52,11 @@ REQUEST_BYTES: int | None = None
 #: Weight of a new sample in the averages.
 _WEIGHT = 0.25
 
-#: A body shorter than this arrives with its headers and says nothing of the throughput.
-_THROUGHPUT_SAMPLE_BYTES = 1024 * 1024
+#: A body shorter than this says nothing of the throughput: where the client times the first
+#: byte, the body's own time is measured (the manifest's GET is the first sample); where it
+#: does not, a short body's time is mostly latency.
+_THROUGHPUT_SAMPLE_BYTES = 64 * 1024
+_UNTIMED_THROUGHPUT_SAMPLE_BYTES = 1024 * 1024
 
 
 class Link:
@@ -76,14 +79,17 @@ class Link:
         after ``first_byte_s`` (None where the client does not tell: then only a short body's
         time counts, as latency)."""
         latency = first_byte_s
-        if latency is None and nbytes < _THROUGHPUT_SAMPLE_BYTES:
-            latency = seconds
+        least = _THROUGHPUT_SAMPLE_BYTES
+        if latency is None:
+            least = _UNTIMED_THROUGHPUT_SAMPLE_BYTES
+            if nbytes < least:
+                latency = seconds
         with self._lock:
             if latency is not None:
                 self.latency_s = _average(self.latency_s, max(latency, 0.0),
                                           self.latency_samples)
                 self.latency_samples += 1
-            if nbytes >= _THROUGHPUT_SAMPLE_BYTES:
+            if nbytes >= least:
                 transfer = seconds - (first_byte_s if first_byte_s is not None
                                       else self.latency_s)
                 rate = nbytes / max(transfer, 1e-4)

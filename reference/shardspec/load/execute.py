@@ -14,6 +14,7 @@ Each data file's data region becomes one buffer and its tensors are views of it:
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +28,26 @@ from ..storage.paths import open_inside
 from ..storage.remote import RemoteRoot
 from .host_memory import fresh_buffer, map_file
 from .plan import FilePlan, RankPlan
+from .reads import pread_parallel
 from .remote import read_remote_files
 from .staging import CopyEngine, CudaCopyEngine, staged_read
 
-__all__ = ["CHUNK_BYTES", "STAGING_BUFFERS", "STAGING_READERS", "execute_plan"]
+__all__ = ["CHUNK_BYTES", "READ_CHUNK_BYTES", "READ_THREADS", "STAGING_BUFFERS",
+           "STAGING_READERS", "execute_plan"]
 
 #: Bytes per read call: large enough for sequential throughput, small enough to stage in pinned
 #: memory and to overlap with host-to-device copies.
 CHUNK_BYTES = 64 * 1024 * 1024
+
+#: Reads in flight at once for a copying load into host memory: one thread cannot keep the page
+#: cache's copies or a fast disk's queue busy. ``SHARDSPEC_READ_THREADS`` sets it; the default is
+#: the cores this process may use, at most 8 (a GPU node's loaders run one process per GPU).
+READ_THREADS = int(os.environ.get("SHARDSPEC_READ_THREADS", "0")) or min(
+    8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+#: The span each thread reads at a time: a file's data region smaller than two spans is read
+#: in one call, since splitting it costs more than it saves.
+READ_CHUNK_BYTES = 16 * 1024 * 1024
 
 #: Pinned staging buffers of CHUNK_BYTES each for a CUDA load: the bound on pinned memory.
 STAGING_BUFFERS = 2
@@ -98,7 +111,12 @@ def _load_file(
             data = staged_read(engine, handle.fileno(), header.data_start, count, record.path,
                                digest, chunk=CHUNK_BYTES, depth=STAGING_BUFFERS,
                                readers=STAGING_READERS)
-        else:
+        elif digest is None:
+            data = fresh_buffer(count)
+            pread_parallel(handle.fileno(), memoryview(data.numpy()),  # type: ignore[arg-type]
+                           header.data_start, record.path, threads=READ_THREADS,
+                           chunk=READ_CHUNK_BYTES)
+        else:  # digests are fed in order, so one reader
             data = _read_into(handle, fresh_buffer(count), record.path, digest)
     if digest is not None:
         check_digests(record.path, record.checksums, digest.hexdigests())

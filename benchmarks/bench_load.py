@@ -14,6 +14,8 @@ evicted before every timed load) and from a warm one:
 * ``st-mmap``        - ``safetensors.torch.load_file`` of the rank's own file(s): lazy mappings,
   what vLLM's sharded-state loader gets;
 * ``st-pread``       - the same with ``backend="pread"``: safetensors' copying loader;
+* ``runai``, ``fastsafe`` - runai-model-streamer and fastsafetensors (``nogds``) loading the
+  rank's own files to owned tensors (:mod:`peers`; left out with a note where not installed);
 * ``read-fresh``     - plain ``readinto`` of the rank's files into a new ``torch.empty`` buffer;
 * ``read-reused``    - the same into one buffer allocated once, outside the clock (the floor);
 
@@ -67,6 +69,7 @@ from safetensors.torch import load_file, save_file
 import shardspec
 import shardspec.load.execute
 import shardspec.load.host_memory
+from peers import PEERS, missing_peers
 from synthetic import LAYERS, evict, make_weights, model_spec
 
 HERE = Path(__file__).resolve().parent
@@ -76,11 +79,14 @@ GB = 1e9  # rates are decimal GB/s
 PAGE = 4096
 CHUNK = 64 * MiB
 
+MISSING_PEERS = missing_peers()
+AVAILABLE_PEERS = tuple(name for name in PEERS if name not in MISSING_PEERS)
 CPU_METHODS = ("baseline", "shardspec", "shardspec-thp", "shardspec-mmap", "st-mmap", "st-pread",
-               "read-fresh", "read-reused")
+               *AVAILABLE_PEERS, "read-fresh", "read-reused")
 CPU_LAZY = ("shardspec-mmap-lazy", "st-lazy")
 CUDA_METHODS = ("baseline", "shardspec", "st-cuda", "read-reused", "pinned-h2d", "read-then-h2d")
-PROC_METHODS = ("baseline", "shardspec", "shardspec-mmap", "st-mmap", "st-pread", "read-fresh")
+PROC_METHODS = ("baseline", "shardspec", "shardspec-mmap", "st-mmap", "st-pread", *AVAILABLE_PEERS,
+                "read-fresh")
 
 
 # --------------------------------------------------------------------------------------------
@@ -284,6 +290,7 @@ def contenders(
             "st-pread": lambda: load_st(files, backend="pread"),
             "read-fresh": lambda: read_fresh(files),
             "read-reused": lambda: read_into(files, reused),
+            **{name: (lambda fn=PEERS[name][1]: fn(files)) for name in AVAILABLE_PEERS},
         }
         timed_loads: dict[str, Callable[[], Any]] = {
             name: (lambda fn=fn: (touch(r := fn()), r)[1]) for name, fn in loads.items()}
@@ -359,6 +366,7 @@ def _worker(conn: Any, barrier: Any, args: dict[str, Any]) -> None:
         "st-mmap": lambda: load_st(files),
         "st-pread": lambda: load_st(files, backend="pread"),
         "read-fresh": lambda: read_fresh(files),
+        **{name: (lambda fn=PEERS[name][1]: fn(files)) for name in AVAILABLE_PEERS},
     }
     conn.send("ready")
     while (method := conn.recv()) is not None:
@@ -411,6 +419,18 @@ class RankProcesses:
 # Machine description
 
 
+def peer_versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for package in ("runai-model-streamer", "fastsafetensors"):
+        try:
+            out.append(f"{package} {version(package)}")
+        except PackageNotFoundError:
+            out.append(f"{package} not installed")
+    return ", ".join(out)
+
+
 def machine_info(workdir: Path, device: torch.device) -> dict[str, Any]:
     cpu, virtual = "unknown", False
     try:
@@ -458,6 +478,8 @@ def machine_info(workdir: Path, device: torch.device) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "safetensors": safetensors.__version__,
+        "peers": peer_versions(),
+        "read_threads": shardspec.load.execute.READ_THREADS,
         "numpy": np.__version__,
         "shardspec": shardspec.__version__,
         "commit": commit,
@@ -496,6 +518,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="CUDA staging: reads in flight, pinned buffers and their size, e.g. "
                     "2x4x32 (default: shardspec.load.execute's STAGING_READERS, STAGING_BUFFERS, "
                     "CHUNK_BYTES)")
+    ap.add_argument("--read-threads", type=int, default=None,
+                    help="shardspec's reads in flight for a copying load (default: "
+                    "shardspec.load.execute.READ_THREADS, the usable cores up to 8)")
     ap.add_argument("--json", type=Path, default=None, help="write all results to this file")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoints afterwards")
     args = ap.parse_args(argv)
@@ -509,6 +534,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--repeats must be at least 1")
     if args.procs is None:
         args.procs = max(args.tps)
+    if args.read_threads is not None:
+        if args.read_threads < 1:
+            ap.error("--read-threads must be at least 1")
+        shardspec.load.execute.READ_THREADS = args.read_threads
+        os.environ["SHARDSPEC_READ_THREADS"] = str(args.read_threads)  # the rank processes
     if args.staging is not None:
         try:
             readers, buffers, chunk_mib = (int(x) for x in args.staging.split("x"))
@@ -604,8 +634,9 @@ def run(args: argparse.Namespace, device: torch.device, workdir: Path) -> int:
             times = rotate(methods, args.repeats, lambda m, fns=fns: timed(fns[m], device),
                            (lambda: cache.evict(all_files)) if state == "cold" else None)
             med = {m: statistics.median(v) for m, v in times.items()}
-            row = {"tp": tp, "rank": rank, "cache": state, "rank_bytes": nbytes,
-                   "baseline_bytes": baseline_file.stat().st_size, "times_s": times,
+            row = {"tp": tp, "rank": rank, "cache": state, "device": device.type,
+                   "rank_bytes": nbytes, "baseline_bytes": baseline_file.stat().st_size,
+                   "times_s": times,
                    "median_s": med, "open_s": open_times,
                    "open_median_s": statistics.median(open_times),
                    "load_rank_median_s": statistics.median(
@@ -688,6 +719,30 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}"
 
 
+def peer_table(results: list[dict[str, Any]], caches: list[str]) -> None:
+    """shardspec against the loaders a user picks instead, one row per TP size and cache state
+    (median ms; a ratio above 1 means shardspec is faster)."""
+    if not results or results[0]["device"] != "cpu":
+        return
+    peers = [p for p in AVAILABLE_PEERS if p in results[0]["median_s"]]
+    print("\n#### Against the peers (median ms; every result touched)\n")
+    for name, why in MISSING_PEERS.items():
+        print(f"{name} left out: {why}")
+    cols = (["TP", "cache", "shardspec copy", *peers, "best peer / copy", "shardspec mmap",
+             "st-mmap", "st-mmap / shardspec mmap"])
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "|".join("---:" for _ in cols) + "|")
+    for state in caches:
+        for r in (r for r in results if r["cache"] == state):
+            m = r["median_s"]
+            best = min((m[p] for p in peers), default=float("nan"))
+            cells = [str(r["tp"]), state, f"{m['shardspec'] * 1e3:.1f}",
+                     *(f"{m[p] * 1e3:.1f}" for p in peers), _ratio(best, m["shardspec"]),
+                     f"{m['shardspec-mmap'] * 1e3:.1f}", f"{m['st-mmap'] * 1e3:.1f}",
+                     _ratio(m["st-mmap"], m["shardspec-mmap"])]
+            print("| " + " | ".join(cells) + " |")
+
+
 def report(
     args: argparse.Namespace, device: torch.device, info: dict[str, Any], total: int,
     tensors: int, results: list[dict[str, Any]], procs: list[dict[str, Any]],
@@ -749,6 +804,7 @@ def report(
                          f"{nb / m['pinned-h2d'] / GB:.2f}", f"{nb / m['read-reused'] / GB:.2f}",
                          _ratio(m["st-cuda"], m["shardspec"])]
             print("| " + " | ".join(cells) + " |")
+    peer_table(results, args.caches)
     if procs:
         methods = list(procs[0]["median_s"])
         print(f"\n#### {procs[0]['tp']} ranks at once, one process each (median wall seconds, "
@@ -759,6 +815,9 @@ def report(
             m = row["median_s"]
             print(f"| {row['cache']} | " + " | ".join(f"{m[x]:.3f}" for x in methods)
                   + f" | {m['baseline'] / m['shardspec']:.2f}x |")
+        print("\nread-fresh / shardspec (the goal: >= 0.9): " + ", ".join(
+            f"{row['cache']} {row['median_s']['read-fresh'] / row['median_s']['shardspec']:.2f}"
+            for row in procs))
     print("\nEvery repeat (seconds):")
     for r in results:
         print(f"  TP={r['tp']} {r['cache']}: " + "; ".join(

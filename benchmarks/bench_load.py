@@ -308,7 +308,21 @@ def contenders(
         "read-reused": lambda: read_into(files, host),
         "pinned-h2d": lambda: pinned.to(device, non_blocking=True),
         "read-then-h2d": lambda: read_into(files, pinned).to(device, non_blocking=True),
+        **{name: (lambda fn=PEERS[name][1]: fn(files, device=str(device)))
+           for name in AVAILABLE_PEERS},
     }
+
+
+def cuda_peers(device: torch.device, files: list[Path], info: dict[str, Any]) -> tuple[str, ...]:
+    """The peers that load onto ``device`` here (one untimed trial each); why the others not."""
+    working = []
+    for name in AVAILABLE_PEERS:
+        try:
+            PEERS[name][1](files, device=str(device))
+            working.append(name)
+        except Exception as exc:  # noqa: BLE001 - a peer that cannot load here is left out
+            info[f"{name} left out"] = f"{type(exc).__name__}: {exc}"[:300]
+    return tuple(working)
 
 
 def eviction_check(cache: PageCache, path: Path) -> str:
@@ -609,7 +623,9 @@ def run(args: argparse.Namespace, device: torch.device, workdir: Path) -> int:
                            f"{shardspec.load.execute.CHUNK_BYTES // MiB} MiB")
     info["eviction"] = ("fsync + posix_fadvise(DONTNEED) of every file before every cold load; "
                         + eviction_check(cache, baseline_file))
-    methods = CPU_METHODS + CPU_LAZY if device.type == "cpu" else CUDA_METHODS
+    methods = CPU_METHODS + CPU_LAZY if device.type == "cpu" else CUDA_METHODS + cuda_peers(
+        device, shardspec.open(workdir / f"tp{max(args.tps)}").rank_files(max(args.tps) - 1),
+        info)
     results: list[dict[str, Any]] = []
     failed = False
 

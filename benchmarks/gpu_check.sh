@@ -18,7 +18,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
     "tests/test_reshard.py" -k "cuda or staging or load or Load" --junitxml "$OUT/cuda-tests.xml" \
     2>&1 | tee "$OUT/cuda-tests.txt" || status=1
 
-# 2. The load benchmark on the GPU: warm and cold, TP=1 and TP=8.
+# 2. The load benchmark on the GPU: warm and cold, TP=1 and TP=8, with the peers that load onto
+#    CUDA (fastsafetensors, runai-model-streamer: pip install -e ".[bench]" first).
 "$PY" benchmarks/bench_load.py --device cuda --tp 1,8 --repeats 3 --cache warm,cold --procs 0 \
     --json "$OUT/bench-cuda.json" 2>&1 | tee "$OUT/bench-cuda.txt" || status=1
 

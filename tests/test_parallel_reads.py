@@ -54,3 +54,16 @@ def test_load_rank_is_bit_exact_with_many_threads_and_small_spans(tmp_path, monk
         assert set(loaded) == set(tensors)
         for name, tensor in tensors.items():
             assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
+
+
+@pytest.mark.parametrize(("setting", "expected"), [("3", 3), ("12", 12), ("0", None),
+                                                   ("-2", None), ("many", None), ("", None)])
+def test_read_threads_setting_takes_positive_integers_only(monkeypatch, setting, expected):
+    monkeypatch.setenv("SHARDSPEC_READ_THREADS", setting)
+    threads = shardspec.load.execute._read_threads()
+    if expected is None:  # the default: the usable cores, at most 8
+        assert 1 <= threads <= 8
+        monkeypatch.delenv("SHARDSPEC_READ_THREADS")
+        assert threads == shardspec.load.execute._read_threads()
+    else:
+        assert threads == expected

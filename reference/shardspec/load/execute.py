@@ -39,14 +39,23 @@ __all__ = ["CHUNK_BYTES", "READ_CHUNK_BYTES", "READ_THREADS", "STAGING_BUFFERS",
 #: memory and to overlap with host-to-device copies.
 CHUNK_BYTES = 64 * 1024 * 1024
 
-#: Reads in flight at once for a copying load into host memory: one thread cannot keep the page
-#: cache's copies or a fast disk's queue busy. ``SHARDSPEC_READ_THREADS`` sets it; the default is
-#: the cores this process may use, at most 8 (a GPU node's loaders run one process per GPU).
-READ_THREADS = int(os.environ.get("SHARDSPEC_READ_THREADS", "0")) or min(
-    8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
-#: The span each thread reads at a time: a file's data region smaller than two spans is read
-#: in one call, since splitting it costs more than it saves.
+def _read_threads() -> int:
+    """``SHARDSPEC_READ_THREADS`` when it is a positive integer, else the cores this process
+    may use, at most 8 (a GPU node's loaders run one process per GPU)."""
+    setting = os.environ.get("SHARDSPEC_READ_THREADS", "")
+    if setting.isdigit() and int(setting) > 0:
+        return int(setting)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(8, usable or 1)
+
+
+#: Reads in flight at once for a copying load into host memory: one thread cannot keep the page
+#: cache's copies or a fast disk's queue busy.
+READ_THREADS = _read_threads()
+
+#: The span each thread reads at a time; a data region of one span or less is read by the
+#: calling thread alone.
 READ_CHUNK_BYTES = 16 * 1024 * 1024
 
 #: Pinned staging buffers of CHUNK_BYTES each for a CUDA load: the bound on pinned memory.

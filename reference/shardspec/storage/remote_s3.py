@@ -63,7 +63,8 @@ def s3_get(fs: Any, path: str, start: int, end: int | None, limit: int | None,
 
     try:
         # s3fs's own retry of a dropped or short body, as its cat_file does
-        return sync(fs.loop, _error_wrapper, call_and_read, retries=fs.retries)
+        answer: S3Answer = sync(fs.loop, _error_wrapper, call_and_read, retries=fs.retries)
+        return answer
     except OSError as exc:
         if _status(exc) == 416:
             raise RangeNotSatisfiable(start) from None

@@ -28,6 +28,7 @@ from shardspec import Manifest
 from shardspec.format import parse, parse_fast, schema
 from shardspec.format.parse import ParsedManifest, parse_manifest
 from shardspec.format.parse_fast import fast_manifest, manifest_members
+from shardspec.load.plan import plan_rank, plan_ranks
 from shardspec.testing.broken import broken_checkpoints, mutation_kinds
 from shardspec.testing.strategies import checkpoint_specs
 from test_fuzz import dumps, json_values, manifest_regions, mutate_bytes, mutate_doc, nodes
@@ -59,6 +60,10 @@ def assert_same_answer(data: bytes, ignore: tuple[str, ...] = ()) -> ParsedManif
     assert pure_python(data, ignore) == expected
     manifest = fast_manifest(data)
     if manifest is not None:  # an answer is a promise: nothing but extensions to report
+        assert expected.manifest is not None
+        # Each rank's plan, built from its own pieces only, is the validator's plan of it.
+        ranks = range(expected.manifest.world_size)
+        assert [plan_rank(manifest, r) for r in ranks] == plan_ranks(expected.manifest, ranks)
         assert manifest == expected.manifest
         assert all(f.code.startswith("extension-") for f in expected.findings), expected.findings
     return expected

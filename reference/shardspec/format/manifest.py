@@ -8,11 +8,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .limits import SUPPORTED_MAJOR, SUPPORTED_MINOR
+from .pieces import Piece, build_pieces
 
 __all__ = [
     "RANK_ORDERS",
@@ -227,64 +228,6 @@ class Tie:
                    axes=None if axes is None else tuple(axes))
 
 
-@dataclass(frozen=True, kw_only=True)
-class Piece:
-    """The part of a tensor one rank holds (SPEC 7.2); ``offset`` is None for rank-local ones."""
-
-    rank: int
-    file: str
-    shape: tuple[int, ...]
-    offset: tuple[int, ...] | None = None
-    replica: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"rank": self.rank, "file": self.file}
-        if self.offset is not None:
-            out["offset"] = list(self.offset)
-        out["shape"] = list(self.shape)
-        if self.replica:
-            out["replica"] = self.replica
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Piece:
-        return _pieces((data,))[0]
-
-
-def _itself(key: Any, value: Any) -> Any:
-    return value
-
-
-def _pieces(records: Iterable[Mapping[str, Any]],
-            shared: dict[Any, Any] | None = None, *, local: bool = False) -> tuple[Piece, ...]:
-    """Pieces from their schema-valid dicts, in one loop: a manifest may hold a million.
-
-    With ``shared`` (kept across the tensors of a manifest), equal shapes, offsets and file
-    names become one object: a million pieces name a few thousand distinct ones, and what is
-    left to allocate, to page in and for the garbage collector to walk is the pieces alone.
-    The fields are set as the frozen ``__init__`` sets them, without its call. A ``local``
-    (rank-local) piece has no offset or replica: members of those names are unknown fields of
-    a newer minor version (SPEC 4.3), ignored.
-    """
-    one = _itself if shared is None else shared.setdefault
-    new = object.__new__
-    put = object.__setattr__
-    out: list[Piece] = []
-    append = out.append
-    for data in records:
-        piece = new(Piece)
-        file = data["file"]
-        shape = tuple(data["shape"])
-        offset = None if local else data.get("offset")
-        put(piece, "rank", data["rank"])
-        put(piece, "file", one(file, file))
-        put(piece, "shape", one(shape, shape))
-        put(piece, "offset", None if offset is None else one(offset := tuple(offset), offset))
-        put(piece, "replica", 0 if local else data.get("replica", 0))
-        append(piece)
-    return tuple(out)
-
-
 def tensor_kind(record: Mapping[str, Any]) -> str:
     """SPEC 4.3 rule 2, as the schema's ``tensor`` decides it: a record with ``alias_of`` is an
     ``"alias"``, one with ``rank_local`` is ``"rank-local"``, any other is ``"global"``."""
@@ -331,7 +274,7 @@ class TensorRecord:
     def from_dict(cls, data: Mapping[str, Any],
                   shared: dict[Any, Any] | None = None) -> TensorRecord:
         """The record of ``data``, a global or rank-local tensor record; ``shared`` as in
-        :func:`_pieces` (for a whole manifest).
+        :func:`~shardspec.format.pieces.build_pieces` (for a whole manifest).
 
         The kind is :func:`tensor_kind`'s, and only the members that kind defines are read:
         others are unknown fields of a newer minor version, which the schema check reported.
@@ -344,7 +287,7 @@ class TensorRecord:
         put = object.__setattr__
         put(record, "dtype", data["dtype"])
         put(record, "shape", None if local else tuple(data["shape"]))
-        put(record, "pieces", _pieces(data["pieces"], shared, local=local))
+        put(record, "pieces", build_pieces(data["pieces"], shared, local=local))
         put(record, "logical", None if logical is None else Logical.from_dict(logical))
         put(record, "tied_to", None if tie is None else Tie.from_dict(tie))
         return record
@@ -410,9 +353,9 @@ class Manifest:
         """The manifest of ``data``, a dict that passed the schema.
 
         With ``share``, equal shapes, offsets and file names of pieces become one object (see
-        :func:`_pieces`): much less memory for a large manifest. Only for data the schema
-        checked with integer tokens (:mod:`shardspec.format.parse` does): ``(1, 2)`` and
-        ``(True, 2)`` or ``(1.0, 2)`` are equal keys.
+        :func:`~shardspec.format.pieces.build_pieces`): much less memory for a large manifest.
+        Only for data the schema checked with integer tokens (:mod:`shardspec.format.parse`
+        does): ``(1, 2)`` and ``(True, 2)`` or ``(1.0, 2)`` are equal keys.
         """
         tensors: dict[str, TensorRecord | Alias] = {}
         shared: dict[Any, Any] | None = {} if share else None

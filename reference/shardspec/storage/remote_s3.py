@@ -4,8 +4,8 @@ An S3 GET answers with the object's size (``Content-Range: bytes a-b/SIZE``, or 
 ``Content-Length`` of a GET without ``Range``) and its ``ETag`` (and ``x-amz-version-id`` where
 the bucket keeps versions). So the reader needs no HEAD: it checks the size and the version of
 every answer before the answer's body is read. s3fs's ``cat_file`` drops those headers (and sends
-a HEAD of its own before a whole-object read), so the GET is made here, through s3fs's client,
-with its retries.
+a HEAD of its own before a whole-object read), so the GET is made here, with the botocore client
+s3fs holds, through its public methods only.
 """
 
 from __future__ import annotations
@@ -36,9 +36,16 @@ def s3_get(fs: Any, path: str, start: int, end: int | None, limit: int | None,
            check: Callable[[Reported], None] | None) -> S3Answer:
     """One GET of ``path``: bytes ``start..end``, or the whole object (``end`` None: no
     ``Range``, at most ``limit`` bytes of its body read). ``check`` sees the reported size and
-    version before the body is read, and refuses by raising."""
-    from fsspec.asyn import sync  # noqa: PLC0415 - with s3fs, only for remote checkpoints
-    from s3fs.core import _error_wrapper  # noqa: PLC0415
+    version before the body is read, and refuses by raising.
+
+    Made with the botocore client s3fs holds (``set_session``, ``get_s3``: public), with the
+    filesystem's ``s3_additional_kwargs`` that GetObject takes (a requester-pays flag, SSE-C
+    keys). Failures are s3fs's errors (``translate_boto_error``: FileNotFoundError for a missing
+    key, PermissionError for a refusal); retrying is the caller's (``RemoteRoot._call``).
+    """
+    from botocore.exceptions import ClientError  # noqa: PLC0415 - with s3fs, only for S3
+    from fsspec.asyn import sync  # noqa: PLC0415
+    from s3fs.errors import translate_boto_error  # noqa: PLC0415
 
     bucket, key, version_id = fs.split_path(path)
     head: dict[str, str] = {}
@@ -48,8 +55,11 @@ def s3_get(fs: Any, path: str, start: int, end: int | None, limit: int | None,
         head["VersionId"] = version_id
 
     async def call_and_read() -> S3Answer:
+        await fs.set_session()
+        client = await fs.get_s3(bucket)
         started = time.perf_counter()
-        answer = await fs._call_s3("get_object", Bucket=bucket, Key=key, **head)
+        answer = await client.get_object(Bucket=bucket, Key=key,
+                                         **_get_object_options(client, fs), **head)
         first_byte = time.perf_counter() - started
         body = answer["Body"]
         try:
@@ -62,13 +72,24 @@ def s3_get(fs: Any, path: str, start: int, end: int | None, limit: int | None,
         return bytes(data), reported, first_byte
 
     try:
-        # s3fs's own retry of a dropped or short body, as its cat_file does
-        answer: S3Answer = sync(fs.loop, _error_wrapper, call_and_read, retries=fs.retries)
+        answer: S3Answer = sync(fs.loop, call_and_read)
         return answer
-    except OSError as exc:
+    except Exception as exc:
         if _status(exc) == 416:
             raise RangeNotSatisfiable(start) from None
+        if isinstance(exc, ClientError):  # NoSuchKey, AccessDenied, ...: as s3fs reports them
+            raise translate_boto_error(exc) from exc
         raise
+
+
+def _get_object_options(client: Any, fs: Any) -> dict[str, Any]:
+    """The filesystem's ``s3_additional_kwargs`` that GetObject accepts (botocore's model)."""
+    extra = getattr(fs, "s3_additional_kwargs", None) or {}
+    if not extra:
+        return {}
+    accepted = client.meta.service_model.operation_model("GetObject").input_shape.members
+    return {name: value for name, value in extra.items()
+            if name in accepted and value is not None}
 
 
 async def _read_at_most(body: Any, limit: int) -> bytes:
@@ -95,10 +116,12 @@ def _reported(answer: dict[str, Any]) -> Reported:
 
 
 def _status(exc: BaseException) -> int | None:
-    """The HTTP status of the boto ClientError behind s3fs's translated error, if any."""
-    cause = exc.__cause__
-    response = getattr(cause, "response", None) or {}
-    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    if status is None and response.get("Error", {}).get("Code") == "InvalidRange":
-        return 416
-    return status if isinstance(status, int) else None
+    """The HTTP status of a botocore ClientError (or one behind s3fs's translated error)."""
+    for error in (exc, exc.__cause__):
+        response = getattr(error, "response", None) or {}
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status is None and response.get("Error", {}).get("Code") == "InvalidRange":
+            return 416
+        if isinstance(status, int):
+            return status
+    return None

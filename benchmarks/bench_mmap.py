@@ -1,0 +1,188 @@
+"""Zero-copy load, warm: ``load_rank(mmap=True)`` against safetensors' ``load_file``, touched.
+
+The same synthetic Llama-shaped bf16 checkpoints as ``bench_load.py`` (default 1 GiB, one per
+TP size). For each TP size, rank TP-1 is loaded, page cache warm, by two contenders, alternating
+which goes first, many times (default 15) in one process:
+
+* ``shardspec-mmap`` - ``shardspec.open(path).load_rank(rank, "cpu", mmap=True)``: the manifest
+  read and checked (SPEC 11.1), the rank's files' headers checked, copy-on-write mappings;
+* ``st-mmap``        - ``safetensors.torch.load_file`` of each of the rank's own files: what
+  vLLM's sharded-state loader gets;
+
+each result touched before the clock stops (one byte of every 4 KiB page, ``bench_load.touch``),
+so the mappings are faulted in from the page cache alike. ``open()`` alone and
+``load_rank(mmap=True)`` on an opened checkpoint are timed too, to show the manifest's share.
+
+``bench_load.py`` measures these two among a dozen contenders, three or five times each, with
+fresh-memory copies of a GiB between them; a difference of a few milliseconds drowns there. This
+benchmark repeats only these, side by side, for the goal "within 1.1x of safetensors' touched
+mmap, warm". A benchmark, not a test: it exits non-zero only when the tensors differ.
+
+    PYTHONPATH=reference python benchmarks/bench_mmap.py [--size-gib 1] [--tp 1,2,4,8]
+        [--repeats 15] [--workdir DIR] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+import shardspec
+from bench_load import HERE, machine_info, touch, write_checkpoints
+from synthetic import make_weights, model_spec
+
+GiB = 1 << 30
+CONTENDERS = ("shardspec-mmap", "st-mmap")
+#: The goal: st-mmap / shardspec-mmap at least this (shardspec within 1.1x).
+GOAL = 1 / 1.1
+
+
+def rank_files(ckpt: Path, rank: int) -> list[Path]:
+    return shardspec.open(ckpt).rank_files(rank)
+
+
+def load_st(files: list[Path]) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for path in files:
+        out.update(load_file(str(path)))
+    return out
+
+
+def timed(fn: Callable[[], Any], touched: bool = True) -> float:
+    """Seconds for one load, its result touched when ``touched``; collected outside the clock."""
+    gc.collect()
+    start = time.perf_counter()
+    result = fn()
+    if touched:
+        touch(result)
+    elapsed = time.perf_counter() - start
+    del result
+    return elapsed
+
+
+def measure(ckpt: Path, rank: int, repeats: int) -> dict[str, list[float]]:
+    files = rank_files(ckpt, rank)
+    opened = shardspec.open(ckpt)
+    loads: dict[str, Callable[[], Any]] = {
+        "shardspec-mmap": lambda: shardspec.open(ckpt).load_rank(rank, "cpu", mmap=True),
+        "st-mmap": lambda: load_st(files),
+    }
+    extra: dict[str, tuple[Callable[[], Any], bool]] = {
+        "open": (lambda: shardspec.open(ckpt), False),
+        "load_rank-opened": (lambda: opened.load_rank(rank, "cpu", mmap=True), True),
+    }
+    for _ in range(3):  # page cache filled, first-use costs out of the clock
+        for fn in loads.values():
+            timed(fn)
+    times: dict[str, list[float]] = {name: [] for name in (*loads, *extra)}
+    for repeat in range(repeats):
+        order = CONTENDERS if repeat % 2 == 0 else CONTENDERS[::-1]
+        for name in order:
+            times[name].append(timed(loads[name]))
+        for name, (fn, touched) in extra.items():
+            times[name].append(timed(fn, touched))
+    return times
+
+
+def check_equal(ckpt: Path, rank: int) -> list[str]:
+    ours = shardspec.open(ckpt).load_rank(rank, "cpu", mmap=True)
+    theirs = load_st(rank_files(ckpt, rank))
+    if set(ours) != set(theirs):
+        return [f"names differ: {sorted(set(ours) ^ set(theirs))[:5]}"]
+    return [name for name, tensor in ours.items() if not torch.equal(tensor, theirs[name])]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-gib", type=float, default=1.0,
+                    help="checkpoint size (at least this much bf16 data; default 1.0)")
+    ap.add_argument("--tp", default="1,2,4,8", help="TP sizes, comma-separated (default 1,2,4,8)")
+    ap.add_argument("--repeats", type=int, default=15,
+                    help="timed loads per contender and TP; medians are reported (default 15)")
+    ap.add_argument("--workdir", type=Path, default=None,
+                    help="an empty directory for the checkpoints (default: a temp dir under "
+                    "benchmarks/out, removed afterwards)")
+    ap.add_argument("--json", type=Path, default=None, help="write all results to this file")
+    args = ap.parse_args(argv)
+    args.tps = [int(t) for t in args.tp.split(",") if t.strip()]
+    if not args.tps or min(args.tps) < 1:
+        ap.error("--tp needs positive integers")
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.workdir is None:
+        out = HERE / "out"
+        out.mkdir(parents=True, exist_ok=True)
+        workdir = Path(tempfile.mkdtemp(prefix="bench-mmap-", dir=out))
+    else:
+        workdir = args.workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        if any(workdir.iterdir()):
+            print(f"--workdir {workdir} is not empty", file=sys.stderr)
+            return 2
+    try:
+        return run(args, workdir)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, workdir: Path) -> int:
+    spec, _ = model_spec(int(args.size_gib * GiB))
+    weights = make_weights(spec)
+    write_checkpoints(weights, {name: dim for name, _, dim in spec}, workdir, args.tps)
+    del weights
+    gc.collect()
+    info = machine_info(workdir, torch.device("cpu"))
+    rows: list[dict[str, Any]] = []
+    failed = False
+    for tp in args.tps:
+        ckpt, rank = workdir / f"tp{tp}", tp - 1
+        problems = check_equal(ckpt, rank)
+        failed |= bool(problems)
+        times = measure(ckpt, rank, args.repeats)
+        rows.append({"tp": tp, "rank": rank, "times_s": times, "bit_exact": not problems,
+                     "median_s": {name: statistics.median(v) for name, v in times.items()}})
+        if problems:
+            print(f"TP={tp}: shardspec's tensors differ from safetensors': {problems[:5]}")
+
+    print(f"\n{info['cpu']}, {info['cores']} cores; {info['filesystem']}; torch {info['torch']}, "
+          f"safetensors {info['safetensors']}; commit {info['commit']}; {info['date']}")
+    print(f"{len(spec)} bf16 tensors; rank TP-1; page cache warm; every result touched; "
+          f"median of {args.repeats}, alternating which contender goes first\n")
+    print("| TP | shardspec-mmap ms | of which open ms | load_rank(mmap) opened ms | st-mmap ms "
+          f"| st-mmap / shardspec-mmap (goal >= {GOAL:.2f}) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        med = {name: value * 1e3 for name, value in row["median_s"].items()}
+        print(f"| {row['tp']} | {med['shardspec-mmap']:.1f} | {med['open']:.1f} | "
+              f"{med['load_rank-opened']:.1f} | {med['st-mmap']:.1f} | "
+              f"{med['st-mmap'] / med['shardspec-mmap']:.2f} |")
+    if args.json:
+        args.json.write_text(json.dumps({"machine": info, "repeats": args.repeats,
+                                         "results": rows}, indent=1))
+    if failed:
+        print("FAILED: shardspec's tensors differ from safetensors'", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -51,11 +51,9 @@ import json
 import multiprocessing
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -70,7 +68,7 @@ import shardspec
 import shardspec.load.execute
 import shardspec.load.host_memory
 from peers import PEERS, missing_peers
-from synthetic import LAYERS, evict, make_weights, model_spec
+from synthetic import LAYERS, bench_workdir, evict, make_weights, model_spec
 
 HERE = Path(__file__).resolve().parent
 GiB = 1 << 30
@@ -576,26 +574,8 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda", device.index or 0)
         torch.empty(1, device=device)  # create the context before any clock starts
         torch.cuda.synchronize(device)
-    if args.workdir is None:
-        out = Path(os.environ.get("SHARDSPEC_BENCH_OUT", HERE / "out"))
-        out.mkdir(parents=True, exist_ok=True)
-        workdir = Path(tempfile.mkdtemp(prefix="bench-", dir=out))
-    else:
-        workdir = args.workdir
-        workdir.mkdir(parents=True, exist_ok=True)
-        if any(workdir.iterdir()):
-            print(f"--workdir {workdir} is not empty", file=sys.stderr)
-            return 2
-    try:
+    with bench_workdir(args.workdir, keep=args.keep) as workdir:
         return run(args, device, workdir)
-    finally:
-        if args.keep:
-            print(f"kept the checkpoints in {workdir}")
-        elif args.workdir is None:
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            for child in workdir.iterdir():
-                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()
 
 
 def run(args: argparse.Namespace, device: torch.device, workdir: Path) -> int:

@@ -27,10 +27,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,8 +38,8 @@ import torch
 from safetensors.torch import load_file
 
 import shardspec
-from bench_load import HERE, machine_info, touch, write_checkpoints
-from synthetic import make_weights, model_spec
+from bench_load import machine_info, touch, write_checkpoints
+from synthetic import bench_workdir, make_weights, model_spec
 
 GiB = 1 << 30
 CONTENDERS = ("shardspec-mmap", "st-mmap")
@@ -127,21 +125,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.workdir is None:
-        out = HERE / "out"
-        out.mkdir(parents=True, exist_ok=True)
-        workdir = Path(tempfile.mkdtemp(prefix="bench-mmap-", dir=out))
-    else:
-        workdir = args.workdir
-        workdir.mkdir(parents=True, exist_ok=True)
-        if any(workdir.iterdir()):
-            print(f"--workdir {workdir} is not empty", file=sys.stderr)
-            return 2
-    try:
+    with bench_workdir(args.workdir, prefix="bench-mmap-") as workdir:
         return run(args, workdir)
-    finally:
-        if args.workdir is None:
-            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def run(args: argparse.Namespace, workdir: Path) -> int:

@@ -1,8 +1,14 @@
-"""Pieces the benchmarks share: a synthetic Llama-shaped model and page-cache eviction."""
+"""Pieces the benchmarks share: a synthetic Llama-shaped model, page-cache eviction, and the
+directory the checkpoints are written to."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -67,3 +73,32 @@ def evict(paths: list[Path]) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+@contextmanager
+def bench_workdir(workdir: Path | None, *, keep: bool = False, prefix: str = "bench-"
+                  ) -> Iterator[Path]:
+    """Where a benchmark writes its checkpoints: ``workdir``, which must be empty, or a new
+    directory under ``benchmarks/out`` (``SHARDSPEC_BENCH_OUT``). Emptied, or removed if it was
+    made here, afterwards, unless ``keep``. A ``workdir`` that is not empty exits with status 2.
+    """
+    if workdir is None:
+        out = Path(os.environ.get("SHARDSPEC_BENCH_OUT", Path(__file__).resolve().parent / "out"))
+        out.mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=out))
+    else:
+        path = workdir
+        path.mkdir(parents=True, exist_ok=True)
+        if any(path.iterdir()):
+            print(f"--workdir {path} is not empty", file=sys.stderr)
+            raise SystemExit(2)
+    try:
+        yield path
+    finally:
+        if keep:
+            print(f"kept the checkpoints in {path}")
+        elif workdir is None:
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            for child in path.iterdir():
+                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()

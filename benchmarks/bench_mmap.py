@@ -35,27 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 import shardspec
-from bench_load import machine_info, touch, write_checkpoints
+from bench_load import check_equal, load_st, machine_info, touch, write_checkpoints
 from synthetic import bench_workdir, make_weights, model_spec
 
 GiB = 1 << 30
 CONTENDERS = ("shardspec-mmap", "st-mmap")
 #: The goal: st-mmap / shardspec-mmap at least this (shardspec within 1.1x).
 GOAL = 1 / 1.1
-
-
-def rank_files(ckpt: Path, rank: int) -> list[Path]:
-    return shardspec.open(ckpt).rank_files(rank)
-
-
-def load_st(files: list[Path]) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for path in files:
-        out.update(load_file(str(path)))
-    return out
 
 
 def timed(fn: Callable[[], Any], touched: bool = True) -> float:
@@ -71,8 +59,8 @@ def timed(fn: Callable[[], Any], touched: bool = True) -> float:
 
 
 def measure(ckpt: Path, rank: int, repeats: int) -> dict[str, list[float]]:
-    files = rank_files(ckpt, rank)
     opened = shardspec.open(ckpt)
+    files = opened.rank_files(rank)
     loads: dict[str, Callable[[], Any]] = {
         "shardspec-mmap": lambda: shardspec.open(ckpt).load_rank(rank, "cpu", mmap=True),
         "st-mmap": lambda: load_st(files),
@@ -92,14 +80,6 @@ def measure(ckpt: Path, rank: int, repeats: int) -> dict[str, list[float]]:
         for name, (fn, touched) in extra.items():
             times[name].append(timed(fn, touched))
     return times
-
-
-def check_equal(ckpt: Path, rank: int) -> list[str]:
-    ours = shardspec.open(ckpt).load_rank(rank, "cpu", mmap=True)
-    theirs = load_st(rank_files(ckpt, rank))
-    if set(ours) != set(theirs):
-        return [f"names differ: {sorted(set(ours) ^ set(theirs))[:5]}"]
-    return [name for name, tensor in ours.items() if not torch.equal(tensor, theirs[name])]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -140,7 +120,9 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
     failed = False
     for tp in args.tps:
         ckpt, rank = workdir / f"tp{tp}", tp - 1
-        problems = check_equal(ckpt, rank)
+        opened = shardspec.open(ckpt)
+        problems = check_equal(opened.load_rank(rank, "cpu", mmap=True),
+                               load_st(opened.rank_files(rank)))
         failed |= bool(problems)
         times = measure(ckpt, rank, args.repeats)
         rows.append({"tp": tp, "rank": rank, "times_s": times, "bit_exact": not problems,

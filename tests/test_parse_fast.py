@@ -163,6 +163,87 @@ def test_a_piece_file_outside_its_rank_is_never_fast(manifest_dict: dict[str, An
         assert code in {f.code for f in assert_same_answer(data).findings}
 
 
+def _with_copies(manifest_dict: dict[str, Any], source: str, count: int) -> list[str]:
+    """``count`` more tensors whose records are copies of ``source``'s: equal pieces texts,
+    as every layer of a model has. Returns their names, ``source`` first."""
+    names = [source] + [f"{source}.copy{i}" for i in range(count)]
+    for name in names[1:]:
+        manifest_dict["tensors"][name] = copy.deepcopy(manifest_dict["tensors"][source])
+    return names
+
+
+def test_equal_pieces_texts_share_one_tuple_of_pieces(manifest_dict: dict[str, Any]) -> None:
+    """Each distinct pieces text is decoded and built once: tensors with equal texts share
+    one tuple (memory), and the manifest equals the one built piece by piece."""
+    global_names = _with_copies(manifest_dict, "layers.0.col.weight", 3)
+    local_names = _with_copies(manifest_dict, "model.embed_tokens.weight", 2)
+    data = manifest_bytes(manifest_dict)
+    manifest = fast_manifest(data)
+    assert manifest is not None
+    assert manifest == Manifest.from_dict(manifest_dict) == strict(data).manifest
+    for names in (global_names, local_names):
+        records = [manifest.tensors[name] for name in names]
+        assert all(r.pieces is records[0].pieces for r in records)  # type: ignore[union-attr]
+    col = manifest.tensors["layers.0.col.weight"]
+    row = manifest.tensors["layers.0.row.weight"]
+    assert col.pieces is not row.pieces  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("change", "code"), [
+    ({"shape": [8, 5]}, "coverage-gap"),      # the shared pieces no longer cover the tensor
+    ({"shape": [6, 4]}, "piece-bounds"),      # nor fit in it
+])
+def test_a_tensor_sharing_its_pieces_text_is_judged_by_its_own_shape(
+        manifest_dict: dict[str, Any], change: dict[str, Any], code: str) -> None:
+    """The per-piece rules run once per distinct (dtype, shape, pieces): a tensor whose pieces
+    text equals a sound tensor's, but whose shape differs, is checked on its own."""
+    names = _with_copies(manifest_dict, "layers.0.col.weight", 2)
+    manifest_dict["tensors"][names[1]].update(change)  # in the middle: sound on both sides
+    data = manifest_bytes(manifest_dict)
+    assert fast_manifest(data) is None
+    assert code in {f.code for f in assert_same_answer(data).findings}
+    assert {f.tensor for f in strict(data).findings if f.code == code} == {names[1]}
+
+
+def test_pieces_of_sub_byte_dtypes_are_judged_per_dtype(manifest_dict: dict[str, Any]) -> None:
+    """One pieces text under two dtypes: whole bytes at 16 bits, not at 4 (SPEC 6.5)."""
+    pieces = [{"rank": r, "file": manifest_dict["ranks"][r]["files"][0]["path"],
+               "offset": [r, 0], "shape": [1, 1]} for r in range(2)]
+    tensors = manifest_dict["tensors"]
+    sound = {"dtype": "BF16", "shape": [2, 1], "pieces": pieces}
+    tensors["x"] = sound
+    assert fast_manifest(manifest_bytes(manifest_dict)) is not None
+    del tensors["x"]
+    tensors["y"] = {"dtype": "F4", "shape": [2, 1], "pieces": copy.deepcopy(pieces)}
+    tensors["x"] = sound  # sound ones on both sides of it
+    tensors["z"] = copy.deepcopy(sound)
+    data = manifest_bytes(manifest_dict)
+    assert fast_manifest(data) is None
+    findings = assert_same_answer(data).findings
+    assert findings and {f.tensor for f in findings if f.severity == "error"} == {"y"}
+
+
+def test_a_global_pieces_text_under_a_rank_local_record(manifest_dict: dict[str, Any]) -> None:
+    """Equal texts, other kinds: a rank-local record's pieces have no offset (the schema)."""
+    record = copy.deepcopy(manifest_dict["tensors"]["layers.0.col.weight"])
+    del record["shape"]
+    record["rank_local"] = True
+    manifest_dict["tensors"]["x"] = record
+    data = manifest_bytes(manifest_dict)
+    assert fast_manifest(data) is None
+    assert "schema" in {f.code for f in assert_same_answer(data).findings}
+
+
+def test_a_name_twice_in_a_shared_pieces_text(manifest_dict: dict[str, Any]) -> None:
+    """The member count covers every tensor's copy of a shared text."""
+    _with_copies(manifest_dict, "layers.0.col.weight", 3)
+    data = manifest_bytes(manifest_dict)
+    doubled = data.replace(b'"shape": [4, 4]}', b'"shape": [4, 4], "shape": [4, 4]}')
+    assert doubled.count(b'"shape": [4, 4], "shape"') >= 8  # both pieces of 4 equal texts
+    assert fast_manifest(doubled) is None
+    assert "json-duplicate-name" in {f.code for f in assert_same_answer(doubled).findings}
+
+
 def test_a_newer_minor_version_takes_the_strict_path(manifest_dict: dict[str, Any]) -> None:
     manifest_dict["format_version"] = "1.99"
     data = manifest_bytes(manifest_dict)

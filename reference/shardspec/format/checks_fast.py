@@ -67,6 +67,9 @@ def is_sound(manifest: Manifest) -> bool:
     if any(bit_count(DTYPES[dtype], shape) is None for dtype, shape in shapes
            if shape is not None):
         return False
+    # The per-piece rules judge a tensor by its dtype, shape and pieces alone: tensors that
+    # share one tuple of pieces (equal texts do, see parse_fast) and agree on both are one case.
+    records = list({(r.dtype, r.shape, id(r.pieces)): r for r in records}.values())
     # Global tensors first: their pieces, and only theirs, have offsets.
     records = [r for r in records if r.shape is not None] + [r for r in records
                                                              if r.shape is None]

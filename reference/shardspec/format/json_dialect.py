@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -153,9 +154,14 @@ def decode_fast(data: bytes, *, max_bytes: int, max_depth: int) -> tuple[Any, in
     return decoded[0], decoded[1]
 
 
-def decode_fast_floats(data: bytes, *, max_bytes: int, max_depth: int
+def decode_fast_floats(data: bytes, *, max_bytes: int, max_depth: int,
+                       decode: Callable[[bytes], Any] = msgspec.json.decode,
                        ) -> tuple[Any, int, int] | None:
     """``data``'s value and how many object members its text has, or None when not sure.
+
+    ``decode`` is msgspec's decoder of builtins, or a typed msgspec decoder whose types keep
+    every member of the text (a typed decode that drops or converts members must not be used:
+    the member count below is the caller's only check against names given twice).
 
     Also how many numbers have a fraction or an exponent (floats): the caller decides whether
     they stand where they may (msgspec reads ``4.0`` as the float the strict parser reads).
@@ -180,7 +186,7 @@ def decode_fast_floats(data: bytes, *, max_bytes: int, max_depth: int
     if b"\\" in data and _SURROGATE_ESCAPE.search(data):
         return None
     try:
-        value = msgspec.json.decode(data)
+        value = decode(data)
     except (msgspec.MsgspecError, RecursionError, ValueError):
         return None
     skeleton = _skeleton(data)

@@ -271,10 +271,15 @@ class TensorRecord:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any],
-                  shared: dict[Any, Any] | None = None) -> TensorRecord:
+    def from_dict(cls, data: Mapping[str, Any], shared: dict[Any, Any] | None = None,
+                  built: dict[tuple[int, bool], tuple[Piece, ...]] | None = None,
+                  ) -> TensorRecord:
         """The record of ``data``, a global or rank-local tensor record; ``shared`` as in
         :func:`~shardspec.format.pieces.build_pieces` (for a whole manifest).
+
+        ``built`` (for a whole manifest whose dicts stay alive meanwhile) maps a list of pieces,
+        by identity, to the pieces built from it: records that share one list (the fast parser
+        gives equal texts one list) share one tuple of pieces.
 
         The kind is :func:`tensor_kind`'s, and only the members that kind defines are read:
         others are unknown fields of a newer minor version, which the schema check reported.
@@ -282,12 +287,19 @@ class TensorRecord:
         local = tensor_kind(data) == "rank-local"
         logical = data.get("logical")
         tie = None if local else data.get("tied_to")
+        records = data["pieces"]
+        key = (id(records), local)
+        pieces = None if built is None else built.get(key)
+        if pieces is None:
+            pieces = build_pieces(records, shared, local=local)
+            if built is not None:
+                built[key] = pieces
         # Filled in directly, as pieces are: a manifest may hold 100,000 tensors.
         record = object.__new__(cls)
         put = object.__setattr__
         put(record, "dtype", data["dtype"])
         put(record, "shape", None if local else tuple(data["shape"]))
-        put(record, "pieces", build_pieces(data["pieces"], shared, local=local))
+        put(record, "pieces", pieces)
         put(record, "logical", None if logical is None else Logical.from_dict(logical))
         put(record, "tied_to", None if tie is None else Tie.from_dict(tie))
         return record
@@ -353,17 +365,19 @@ class Manifest:
         """The manifest of ``data``, a dict that passed the schema.
 
         With ``share``, equal shapes, offsets and file names of pieces become one object (see
-        :func:`~shardspec.format.pieces.build_pieces`): much less memory for a large manifest.
+        :func:`~shardspec.format.pieces.build_pieces`), and records whose pieces are one list
+        in ``data`` share one tuple of pieces: much less memory for a large manifest.
         Only for data the schema checked with integer tokens (:mod:`shardspec.format.parse`
         does): ``(1, 2)`` and ``(True, 2)`` or ``(1.0, 2)`` are equal keys.
         """
         tensors: dict[str, TensorRecord | Alias] = {}
         shared: dict[Any, Any] | None = {} if share else None
+        built: dict[tuple[int, bool], tuple[Piece, ...]] | None = {} if share else None
         for name, record in data["tensors"].items():
             if tensor_kind(record) == "alias":
                 tensors[name] = Alias(alias_of=record["alias_of"])
             else:
-                tensors[name] = TensorRecord.from_dict(record, shared)
+                tensors[name] = TensorRecord.from_dict(record, shared, built)
         return cls(
             format_version=data["format_version"],
             layout=Layout.from_dict(data["layout"]),

@@ -56,6 +56,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -715,28 +716,49 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}"
 
 
+def _spread(row: dict[str, Any], name: str) -> str:
+    times = row["times_s"][name]
+    return f"{row['median_s'][name] * 1e3:.1f} [{min(times) * 1e3:.0f}-{max(times) * 1e3:.0f}]"
+
+
+def verdict(ours: list[float], theirs: list[float]) -> str:
+    """"ahead" when our median is no slower; "noise" when it is slower but each median lies
+    within the other's repeats (between their fastest and slowest); "behind" otherwise."""
+    mine, other = statistics.median(ours), statistics.median(theirs)
+    if mine <= other:
+        return "ahead"
+    return "noise" if mine <= max(theirs) and other >= min(ours) else "behind"
+
+
 def peer_table(results: list[dict[str, Any]], caches: list[str]) -> None:
     """shardspec against the loaders a user picks instead, one row per TP size and cache state
-    (median ms; a ratio above 1 means shardspec is faster)."""
+    (median ms, and the range of the repeats; a ratio above 1 means shardspec is faster)."""
     if not results or results[0]["device"] != "cpu":
         return
     peers = [p for p in AVAILABLE_PEERS if p in results[0]["median_s"]]
-    print("\n#### Against the peers (median ms; every result touched)\n")
+    print("\n#### Against the peers (median ms, [fastest-slowest repeat]; every result "
+          "touched)\n")
     for name, why in MISSING_PEERS.items():
         print(f"{name} left out: {why}")
-    cols = (["TP", "cache", "shardspec copy", *peers, "best peer / copy", "shardspec mmap",
-             "st-mmap", "st-mmap / shardspec mmap"])
+    cols = (["TP", "cache", "shardspec copy", *peers, "best peer / copy", "copy",
+             "shardspec mmap", "st-mmap", "st-mmap / shardspec mmap", "mmap"])
     print("| " + " | ".join(cols) + " |")
     print("|" + "|".join("---:" for _ in cols) + "|")
     for state in caches:
         for r in (r for r in results if r["cache"] == state):
-            m = r["median_s"]
-            best = min((m[p] for p in peers), default=float("nan"))
-            cells = [str(r["tp"]), state, f"{m['shardspec'] * 1e3:.1f}",
-                     *(f"{m[p] * 1e3:.1f}" for p in peers), _ratio(best, m["shardspec"]),
-                     f"{m['shardspec-mmap'] * 1e3:.1f}", f"{m['st-mmap'] * 1e3:.1f}",
-                     _ratio(m["st-mmap"], m["shardspec-mmap"])]
+            m, times = r["median_s"], r["times_s"]
+            best = min(peers, key=lambda p: m[p], default=None)
+            cell = partial(_spread, r)
+            cells = [str(r["tp"]), state, cell("shardspec"), *(cell(p) for p in peers),
+                     "n/a" if best is None else _ratio(m[best], m["shardspec"]),
+                     "n/a" if best is None else verdict(times["shardspec"], times[best]),
+                     cell("shardspec-mmap"), cell("st-mmap"),
+                     _ratio(m["st-mmap"], m["shardspec-mmap"]),
+                     verdict(times["shardspec-mmap"], [t * 1.1 for t in times["st-mmap"]])]
             print("| " + " | ".join(cells) + " |")
+    print("\ncopy: against the best peer; mmap: against st-mmap x 1.1 (the goal: within 1.1x). "
+          "ahead = median no slower; noise = median slower, but each median within the other's "
+          "repeats; behind = neither")
 
 
 def report(

@@ -83,8 +83,7 @@ def execute_plan(
     if isinstance(root, RemoteRoot):
         for _, header, data in read_remote_files(root, plan.files, verify):
             data = data if device.type == "cpu" else data.to(device)
-            tensors.update({name: _view(data, entry, device)
-                            for name, entry in header.entries.items()})
+            tensors.update(_views(data, header.entries, device))
     else:
         if engine is None and device.type == "cuda":
             engine = CudaCopyEngine(device)
@@ -129,7 +128,7 @@ def _load_file(
             data = _read_into(handle, fresh_buffer(count), record.path, digest)
     if digest is not None:
         check_digests(record.path, record.checksums, digest.hexdigests())
-    return {name: _view(data, entry, device) for name, entry in header.entries.items()}
+    return _views(data, header.entries, device)
 
 
 def _read_into(
@@ -153,16 +152,45 @@ def _read_into(
     return buffer
 
 
-def _view(data: torch.Tensor, entry: Entry, device: torch.device) -> torch.Tensor:
-    dtype, shape = torch_layout(entry.dtype, entry.shape)
-    if entry.begin == entry.end:
-        try:
-            return torch.empty(shape, dtype=dtype, device=device)
-        except RuntimeError:
-            # No element, but other dimensions so large ([0, 2**40, 2**40]) that contiguous
-            # strides overflow int64; a tensor without elements needs no strides.
-            return torch.empty_strided(shape, (0,) * len(shape), dtype=dtype, device=device)
-    raw = data[entry.begin : entry.end]
-    if raw.storage_offset() % dtype.itemsize:
-        raw = raw.clone()  # an unaligned offset is legal (SPEC 6.3) but torch cannot view it
-    return raw.view(dtype).reshape(shape)
+def _views(data: torch.Tensor, entries: dict[str, Entry], device: torch.device
+           ) -> dict[str, torch.Tensor]:
+    """Each entry's tensor as a view of ``data``, its file's data region.
+
+    One strided view each of the whole storage, read as the entry's dtype (one torch call a
+    tensor, not a slice, a dtype view and a reshape: a rank holds hundreds of tensors).
+    """
+    storage, base = data.untyped_storage(), data.storage_offset()
+    as_dtype: dict[torch.dtype, torch.Tensor] = {}  # the storage read as each dtype
+    out: dict[str, torch.Tensor] = {}
+    for name, entry in entries.items():
+        dtype, shape = torch_layout(entry.dtype, entry.shape)
+        if entry.begin == entry.end:
+            out[name] = _empty(shape, dtype, device)
+            continue
+        start, size = base + entry.begin, dtype.itemsize
+        if start % size:  # an unaligned offset is legal (SPEC 6.3) but torch cannot view it
+            out[name] = data[entry.begin : entry.end].clone().view(dtype).reshape(shape)
+            continue
+        whole = as_dtype.get(dtype)
+        if whole is None:
+            whole = as_dtype[dtype] = torch.empty(0, dtype=dtype, device=data.device).set_(
+                storage)
+        out[name] = whole.as_strided(shape, _contiguous_strides(shape), start // size)
+    return out
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return tuple(reversed(strides))
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    try:
+        return torch.empty(shape, dtype=dtype, device=device)
+    except RuntimeError:
+        # No element, but other dimensions so large ([0, 2**40, 2**40]) that contiguous
+        # strides overflow int64; a tensor without elements needs no strides.
+        return torch.empty_strided(shape, (0,) * len(shape), dtype=dtype, device=device)

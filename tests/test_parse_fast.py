@@ -48,7 +48,7 @@ def pure_python(data: bytes, ignore: tuple[str, ...] = ()) -> ParsedManifest:
     validator alone finds and explains every schema error."""
     with mock.patch.object(schema, "_fast_validator", lambda: None), \
             mock.patch.object(schema, "_open_fast_validator", lambda: None), \
-            mock.patch.object(schema, "_listed_files_validator", lambda: None):
+            mock.patch.object(schema, "_listed_files_validators", lambda: None):
         return parse_manifest(data, ignore_extensions=ignore)
 
 
@@ -254,7 +254,7 @@ def test_a_newer_minor_version_takes_the_strict_path(manifest_dict: dict[str, An
 def test_without_jsonschema_rs_the_fast_path_gives_no_answer(
     manifest_dict: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(schema, "_listed_files_validator", lambda: None)
+    monkeypatch.setattr(schema, "_listed_files_validators", lambda: None)
     monkeypatch.setattr(parse_fast, "is_valid_if_piece_files_listed",
                         schema.is_valid_if_piece_files_listed)
     assert fast_manifest(manifest_bytes(manifest_dict)) is None

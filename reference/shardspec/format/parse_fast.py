@@ -101,9 +101,8 @@ def _refs(node: Any) -> set[str]:
 def _builtins(struct: Any) -> dict[str, Any]:
     """A decoded struct as the dict of the members its text had."""
     unset = msgspec.UNSET
-    return {name: value for name, value in zip(struct.__struct_fields__,
-                                               msgspec.structs.astuple(struct), strict=True)
-            if value is not unset}
+    return {name: value for name in struct.__struct_fields__
+            if (value := getattr(struct, name)) is not unset}
 
 
 def _document(typed: Any) -> dict[str, Any] | None:

@@ -25,6 +25,7 @@ from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 
 from .errors import Finding
+from .manifest import tensor_kind
 
 __all__ = [
     "SCHEMA_FILE_NAME",
@@ -136,13 +137,30 @@ def _piece_files_as_strings(schema: dict[str, Any]) -> dict[str, Any]:
     return derived
 
 
+def _piece_items_unchecked(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with the items of every tensor kind's ``pieces`` allowed whatever they are
+    (everything else about ``pieces``, and every other member, still checked)."""
+    derived = copy.deepcopy(schema)
+    for definition in derived["$defs"].values():
+        pieces = definition.get("properties", {}).get("pieces") if isinstance(
+            definition, dict) else None
+        if isinstance(pieces, dict) and "items" in pieces:
+            pieces["items"] = True
+    return derived
+
+
 @cache
-def _listed_files_validator() -> Any:
+def _listed_files_validators() -> tuple[Any, Any] | None:
+    """For :func:`is_valid_if_piece_files_listed`: the manifest with its pieces unchecked, and
+    one tensor record whole, both with piece files checked as strings."""
     try:
         import jsonschema_rs
     except ImportError:
         return None
-    return jsonschema_rs.validator_for(_piece_files_as_strings(manifest_schema()))
+    schema = _piece_files_as_strings(manifest_schema())
+    record = {"$ref": "#/$defs/tensor", "$defs": schema["$defs"]}
+    return (jsonschema_rs.validator_for(_piece_items_unchecked(schema)),
+            jsonschema_rs.validator_for(record))
 
 
 def is_valid_if_piece_files_listed(data: Any) -> bool | None:
@@ -153,9 +171,30 @@ def is_valid_if_piece_files_listed(data: Any) -> bool | None:
     :func:`shardspec.format.checks_fast.is_sound` does. ``jsonschema-rs`` takes 4.0 for an
     integer, SPEC 3.3 does not: a float anywhere but in a free-form value is for the caller to
     refuse (the fast path counts them). None where ``jsonschema-rs`` is not installed.
+
+    Tensors that share one list of pieces (the fast path gives equal texts one list) have it
+    checked once per kind of record: the manifest is checked with the pieces' items left out,
+    then one record of each (list, kind) whole. A record's kind is decided by which members it
+    has (SPEC 4.3 rule 2, :func:`~shardspec.format.manifest.tensor_kind`) and nothing else in
+    a record constrains its pieces, so the others' pieces would be judged alike.
     """
-    validator = _listed_files_validator()
-    return None if validator is None else bool(validator.is_valid(data))
+    validators = _listed_files_validators()
+    if validators is None:
+        return None
+    without_items, record_validator = validators
+    if not without_items.is_valid(data):
+        return False
+    checked: set[tuple[int, str]] = set()
+    for record in data["tensors"].values():
+        pieces = record.get("pieces")
+        if pieces is None:
+            continue
+        key = (id(pieces), tensor_kind(record))  # the lists are alive: ids are unique
+        if key not in checked:
+            if not record_validator.is_valid(record):
+                return False
+            checked.add(key)
+    return True
 
 
 def _has_float(data: Any) -> bool:

@@ -10,6 +10,9 @@ evicted before every timed load) and from a warm one:
 * ``shardspec``      - ``shardspec.open(path).load_rank(rank, device)``: copies into one fresh
   buffer per file (pinned staging on CUDA); ``open()``'s share is recorded too;
 * ``shardspec-thp``  - the same with huge pages on (``host_memory.USE_HUGE_PAGES = True``);
+* ``shardspec-cached`` - the same with every read through the page cache
+  (``host_reads.DIRECT_READS = False``, what ``SHARDSPEC_DIRECT_READS=0`` gives): where the
+  cache is cold, ``shardspec`` reads around it with direct I/O;
 * ``shardspec-mmap`` - ``open`` + ``load_rank(mmap=True)``: copy-on-write file mappings (cpu);
 * ``st-mmap``        - ``safetensors.torch.load_file`` of the rank's own file(s): lazy mappings,
   what vLLM's sharded-state loader gets;
@@ -68,6 +71,7 @@ from safetensors.torch import load_file, save_file
 import shardspec
 import shardspec.load.execute
 import shardspec.load.host_memory
+import shardspec.load.host_reads
 from peers import PEERS, missing_peers
 from synthetic import LAYERS, bench_workdir, evict, make_weights, model_spec
 
@@ -80,12 +84,12 @@ CHUNK = 64 * MiB
 
 MISSING_PEERS = missing_peers()
 AVAILABLE_PEERS = tuple(name for name in PEERS if name not in MISSING_PEERS)
-CPU_METHODS = ("baseline", "shardspec", "shardspec-thp", "shardspec-mmap", "st-mmap", "st-pread",
-               *AVAILABLE_PEERS, "read-fresh", "read-reused")
+CPU_METHODS = ("baseline", "shardspec", "shardspec-cached", "shardspec-thp", "shardspec-mmap",
+               "st-mmap", "st-pread", *AVAILABLE_PEERS, "read-fresh", "read-reused")
 CPU_LAZY = ("shardspec-mmap-lazy", "st-lazy")
 CUDA_METHODS = ("baseline", "shardspec", "st-cuda", "read-reused", "pinned-h2d", "read-then-h2d")
-PROC_METHODS = ("baseline", "shardspec", "shardspec-mmap", "st-mmap", "st-pread", *AVAILABLE_PEERS,
-                "read-fresh")
+PROC_METHODS = ("baseline", "shardspec", "shardspec-cached", "shardspec-mmap", "st-mmap",
+                "st-pread", *AVAILABLE_PEERS, "read-fresh")
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,13 +239,20 @@ def load_shardspec(
     return checkpoint.load_rank(rank, device, **kwargs)
 
 
-def load_shardspec_thp(path: Path, rank: int, device: torch.device) -> dict[str, torch.Tensor]:
-    saved = shardspec.load.host_memory.USE_HUGE_PAGES
-    shardspec.load.host_memory.USE_HUGE_PAGES = True
+def load_shardspec_set(module: Any, setting: str, value: object, path: Path, rank: int,
+                       device: torch.device) -> dict[str, torch.Tensor]:
+    """``load_shardspec`` with one module-level setting changed for the load."""
+    saved = getattr(module, setting)
+    setattr(module, setting, value)
     try:
         return load_shardspec(path, rank, device)
     finally:
-        shardspec.load.host_memory.USE_HUGE_PAGES = saved
+        setattr(module, setting, saved)
+
+
+load_shardspec_thp = partial(load_shardspec_set, shardspec.load.host_memory, "USE_HUGE_PAGES", True)
+load_shardspec_cached = partial(load_shardspec_set, shardspec.load.host_reads, "DIRECT_READS",
+                                False)
 
 
 def load_st(files: list[Path], device: str = "cpu", backend: str = "mmap"
@@ -283,6 +294,7 @@ def contenders(
         loads: dict[str, Callable[[], Any]] = {
             "baseline": lambda: load_baseline(baseline_file, dims, tp, rank, device),
             "shardspec": lambda: load_shardspec(ckpt, rank, device, open_times),
+            "shardspec-cached": lambda: load_shardspec_cached(ckpt, rank, device),
             "shardspec-thp": lambda: load_shardspec_thp(ckpt, rank, device),
             "shardspec-mmap": lambda: load_shardspec(ckpt, rank, device, mmap=True),
             "st-mmap": lambda: load_st(files),
@@ -375,6 +387,7 @@ def _worker(conn: Any, barrier: Any, args: dict[str, Any]) -> None:
     loads: dict[str, Callable[[], Any]] = {
         "baseline": lambda: load_baseline(Path(args["baseline"]), dims, tp, rank, device),
         "shardspec": lambda: load_shardspec(ckpt, rank, device),
+        "shardspec-cached": lambda: load_shardspec_cached(ckpt, rank, device),
         "shardspec-mmap": lambda: load_shardspec(ckpt, rank, device, mmap=True),
         "st-mmap": lambda: load_st(files),
         "st-pread": lambda: load_st(files, backend="pread"),
@@ -778,7 +791,8 @@ def report(
         print(f"\n#### One rank's load, {state} cache, {device} (median seconds)\n")
         if cpu:
             cols = ["TP", "rank reads", "baseline reads", "baseline s", "shardspec s",
-                    "of which open s", "shardspec-thp s", "shardspec-mmap s", "st-mmap s",
+                    "of which open s", "shardspec-cached s", "shardspec-thp s",
+                    "shardspec-mmap s", "st-mmap s",
                     "st-pread s", "raw s", "read-reused s", "speedup"]
         else:
             cols = ["TP", "rank reads", "baseline reads", "baseline s", "shardspec s",

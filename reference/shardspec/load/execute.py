@@ -2,9 +2,9 @@
 
 Each data file's data region becomes one buffer and its tensors are views of it:
 
-- ``cpu``, copying (the default): large sequential reads into one fresh host buffer per file,
-  advised for huge pages so first touch costs one fault per 2 MiB
-  (:mod:`shardspec.load.host_memory`);
+- ``cpu``, copying (the default): large reads into one fresh host buffer per file, several at
+  once, through the page cache where it holds the file and around it where it does not
+  (:mod:`shardspec.load.host_reads`);
 - ``cpu`` with ``mmap``: the file mapped copy-on-write, read by the kernel only where touched;
 - ``cuda``: reads through a bounded ring of pinned staging buffers, each chunk's host-to-device
   copy overlapping the next reads (:mod:`shardspec.load.staging`); no full-size host copy;
@@ -27,8 +27,8 @@ from ..format.safetensors_header import Entry, read_header
 from ..storage.paths import open_inside
 from ..storage.remote import RemoteRoot
 from .host_memory import fresh_buffer, map_file
+from .host_reads import read_region
 from .plan import FilePlan, RankPlan
-from .reads import pread_parallel
 from .remote import read_remote_files
 from .staging import CopyEngine, CudaCopyEngine, staged_read
 
@@ -120,10 +120,8 @@ def _load_file(
                                digest, chunk=CHUNK_BYTES, depth=STAGING_BUFFERS,
                                readers=STAGING_READERS)
         elif digest is None:
-            data = fresh_buffer(count)
-            pread_parallel(handle.fileno(), memoryview(data.numpy()),  # type: ignore[arg-type]
-                           header.data_start, record.path, threads=READ_THREADS,
-                           chunk=READ_CHUNK_BYTES)
+            data = read_region(handle.fileno(), header.data_start, count, record.path,
+                               threads=READ_THREADS, chunk=READ_CHUNK_BYTES)
         else:  # digests are fed in order, so one reader
             data = _read_into(handle, fresh_buffer(count), record.path, digest)
     if digest is not None:

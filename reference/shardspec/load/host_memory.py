@@ -25,6 +25,9 @@ from ..format.errors import Finding, SafetensorsError
 
 __all__ = ["HUGE_PAGE_BYTES", "USE_HUGE_PAGES", "fresh_buffer", "map_file"]
 
+#: The address alignment :func:`fresh_buffer` can be asked for: a page (direct I/O needs it).
+PAGE_BYTES = mmap.PAGESIZE
+
 #: Below this, a buffer is ordinary allocator memory: huge pages cannot help a smaller one.
 HUGE_PAGE_BYTES = 2 * 1024 * 1024
 
@@ -38,20 +41,31 @@ _PRIVATE_ANONYMOUS = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYM
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
-def fresh_buffer(nbytes: int) -> torch.Tensor:
-    """``nbytes`` of new, writable host memory as a uint8 tensor (huge pages if enabled)."""
+def fresh_buffer(nbytes: int, *, page_aligned: bool = False) -> torch.Tensor:
+    """``nbytes`` of new, writable host memory as a uint8 tensor (huge pages if enabled).
+
+    ``page_aligned``: the first byte starts a page, as reads that bypass the page cache need.
+    """
     if nbytes < HUGE_PAGE_BYTES or not USE_HUGE_PAGES or not hasattr(mmap, "MAP_ANONYMOUS"):
-        return torch.empty(nbytes, dtype=torch.uint8)
+        return _torch_buffer(nbytes, page_aligned)
     try:
         mapping = mmap.mmap(-1, nbytes, flags=_PRIVATE_ANONYMOUS)
     except (OSError, ValueError):  # address space or overcommit limits: let torch try
-        return torch.empty(nbytes, dtype=torch.uint8)
+        return _torch_buffer(nbytes, page_aligned)
     if _MADV_HUGEPAGE is not None:
         # Transparent huge pages set to "never", or a kernel without them: 4 KiB pages, as
         # torch.empty would give.
         with suppress(OSError):
             mapping.madvise(_MADV_HUGEPAGE)
     return torch.frombuffer(mapping, dtype=torch.uint8)
+
+
+def _torch_buffer(nbytes: int, page_aligned: bool) -> torch.Tensor:
+    if not page_aligned:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    spare = torch.empty(nbytes + PAGE_BYTES, dtype=torch.uint8)  # a page more, to start on one
+    skip = -spare.data_ptr() % PAGE_BYTES
+    return spare[skip : skip + nbytes]
 
 
 def map_file(handle: io.FileIO, size: int, path: str) -> torch.Tensor:

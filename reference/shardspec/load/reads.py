@@ -1,5 +1,5 @@
 """Positional reads that fill buffers exactly, whatever the kernel returns per call, from one
-thread or from several at once."""
+thread or from several at once; through the page cache, or around it (direct I/O)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..format.errors import Finding, SafetensorsError
 
-__all__ = ["pread_into", "pread_parallel"]
+__all__ = ["in_page_cache", "open_direct", "pread_direct", "pread_into", "pread_parallel"]
 
 
 def pread_into(fd: int, views: list[memoryview], position: int, path: str) -> int:
@@ -61,4 +61,75 @@ def pread_parallel(fd: int, view: memoryview, position: int, path: str, *, threa
         return sum(pread_into(fd, [view[a:b]], position + a, path) for a, b in spans)
     futures = [_pool(threads).submit(pread_into, fd, [view[a:b]], position + a, path)
                for a, b in spans]
+    return sum(future.result() for future in futures)  # the first failure, raised in order
+
+
+# Absent where the kernel has no such flags (not Linux): then every read goes through the cache.
+_NOWAIT = getattr(os, "RWF_NOWAIT", None)
+_DIRECT = getattr(os, "O_DIRECT", None)
+
+
+def in_page_cache(fd: int, position: int, count: int, *, samples: int) -> bool | None:
+    """Whether ``samples`` pages spread over ``count`` bytes from ``position`` are all in the page
+    cache; None where the kernel cannot say (no ``RWF_NOWAIT`` for this file or system).
+
+    Each probe is a one-byte read that the kernel refuses rather than waits for the disk. A
+    refused probe starts the kernel's readahead there, so probing stops at the first one.
+    """
+    if _NOWAIT is None or count <= 0:
+        return None
+    probe = bytearray(1)
+    for i in range(samples):
+        try:
+            # Midpoints of equal parts: the region's start is cached by reading the header.
+            os.preadv(fd, [probe], position + count * (2 * i + 1) // (2 * samples), _NOWAIT)
+        except BlockingIOError:
+            return False
+        except OSError:  # EOPNOTSUPP: a file system that cannot read without waiting
+            return None
+    return True
+
+
+def open_direct(fd: int) -> int | None:
+    """A second descriptor on ``fd``'s open file that reads around the page cache (``O_DIRECT``),
+    or None where that cannot be had (no such flag, no ``/proc``, a file system without it).
+
+    Reopened through ``/proc/self/fd``, which names the open file itself, not a path, and
+    checked to be the same file: nothing but the file already opened and checked is read.
+    """
+    if _DIRECT is None:
+        return None
+    try:
+        direct = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | _DIRECT | os.O_CLOEXEC)
+    except OSError:
+        return None
+    first, second = os.fstat(fd), os.fstat(direct)
+    if (first.st_dev, first.st_ino) != (second.st_dev, second.st_ino):
+        os.close(direct)
+        return None
+    return direct
+
+
+def pread_direct(direct: int, fd: int, view: memoryview, position: int, end: int, path: str, *,
+                 threads: int, chunk: int) -> int:
+    """Fill ``view`` from ``position`` with direct reads from ``direct``, ``threads`` at a time.
+
+    The caller aligns ``view``'s address, ``position`` and ``chunk`` to a page; the file's bytes
+    end at ``end`` (relative to ``position``), which the view may pass by less than a page.
+    Whatever a direct read does not deliver (a refused alignment, a short read) is read through
+    the page cache from ``fd``, so the view is filled exactly or the file ended early. Returns
+    the read calls made.
+    """
+    def span(a: int, b: int) -> int:
+        want = min(b, end) - a
+        try:
+            got = os.preadv(direct, [view[a:b]], position + a)
+        except OSError:  # EINVAL: this file or device needs another alignment
+            got = 0
+        if got >= want:
+            return 1
+        return 1 + pread_into(fd, [view[a + got : a + want]], position + a + got, path)
+
+    starts = range(0, min(len(view), end), chunk)
+    futures = [_pool(threads).submit(span, a, min(a + chunk, len(view))) for a in starts]
     return sum(future.result() for future in futures)  # the first failure, raised in order

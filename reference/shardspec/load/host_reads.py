@@ -1,0 +1,82 @@
+"""A file's data region -> one fresh host buffer, read the way that is fastest for where the
+bytes are.
+
+- In the page cache (warm): positional reads through it, several threads at once, each copying
+  a span out of the cache.
+- Not in the page cache (cold), on Linux: direct reads (``O_DIRECT``) into page-aligned memory,
+  many requests in flight. A buffered read of a cold file fills the cache at the pace of the
+  kernel's readahead and then copies out of it; a direct read goes from the device into the
+  buffer, whose fresh pages the kernel faults in as it pins them rather than one trap per
+  page. A direct read cannot use what the cache holds, which is why a warm file is not read so.
+  Figures: ``benchmarks/README.md``.
+
+:data:`DIRECT_READS` turns the second way off (``SHARDSPEC_DIRECT_READS=0`` too).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .host_memory import PAGE_BYTES, fresh_buffer
+from .reads import in_page_cache, open_direct, pread_direct, pread_parallel
+
+__all__ = ["DIRECT_MIN_BYTES", "DIRECT_READS", "DIRECT_READS_IN_FLIGHT", "DIRECT_CHUNK_BYTES",
+           "read_region"]
+
+
+def _direct_reads_setting() -> bool:
+    """False when ``SHARDSPEC_DIRECT_READS`` is ``0``, ``false``, ``no`` or ``off``, else True."""
+    return os.environ.get("SHARDSPEC_DIRECT_READS", "").strip().lower() not in {
+        "0", "false", "no", "off"}
+
+
+#: Read data regions the page cache does not hold with direct I/O (Linux; elsewhere, or on a
+#: file system that refuses it, every read goes through the cache).
+DIRECT_READS = _direct_reads_setting()
+
+#: Smaller regions are read through the cache: a few requests gain nothing from bypassing it.
+DIRECT_MIN_BYTES = 8 * 1024 * 1024
+
+#: Direct requests in flight at once (threads waiting on the device, not using cores).
+DIRECT_READS_IN_FLIGHT = 16
+
+#: Bytes per direct request (a multiple of the page size).
+DIRECT_CHUNK_BYTES = 1024 * 1024
+
+#: Pages of a region probed to decide whether the page cache holds it.
+CACHE_PROBES = 8
+
+
+def read_region(fd: int, position: int, count: int, path: str, *, threads: int,
+                chunk: int) -> torch.Tensor:
+    """``count`` bytes from ``position`` of ``fd`` in a fresh uint8 tensor.
+
+    ``threads`` and ``chunk`` shape the reads through the page cache.
+    """
+    direct = _direct_descriptor(fd, position, count)
+    if direct is None:
+        data = fresh_buffer(count)
+        pread_parallel(fd, memoryview(data.numpy()), position, path,  # type: ignore[arg-type]
+                       threads=threads, chunk=chunk)
+        return data
+    try:
+        # Whole pages around the region: direct reads start and end on page boundaries.
+        first = position - position % PAGE_BYTES
+        lead, end = position - first, position + count - first
+        buffer = fresh_buffer(-(-end // PAGE_BYTES) * PAGE_BYTES, page_aligned=True)
+        pread_direct(direct, fd, memoryview(buffer.numpy()), first, end,  # type: ignore[arg-type]
+                     path, threads=DIRECT_READS_IN_FLIGHT, chunk=DIRECT_CHUNK_BYTES)
+    finally:
+        os.close(direct)
+    return buffer[lead : lead + count]
+
+
+def _direct_descriptor(fd: int, position: int, count: int) -> int | None:
+    """A direct descriptor when the region is large and not in the page cache, else None."""
+    if not DIRECT_READS or count < DIRECT_MIN_BYTES:
+        return None
+    if in_page_cache(fd, position, count, samples=CACHE_PROBES) is not False:
+        return None
+    return open_direct(fd)

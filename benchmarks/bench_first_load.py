@@ -89,16 +89,19 @@ def _one_load(conn: Any, ckpt: str, rank: int, names: list[str], method: str) ->
     gc.collect()
     conn.send("ready")
     conn.recv()
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     touch(loads[method]())
     seconds = time.perf_counter() - start
-    conn.send((seconds, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults))
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    conn.send((seconds, after.ru_minflt - before.ru_minflt, cpu))
 
 
-def first_load(ckpt: Path, rank: int, method: str, before: Any) -> tuple[float, int]:
-    """Seconds (and page faults taken by the process) of ``method``'s load in a new process;
-    ``before`` runs once that process is ready, just before its clock starts."""
+def first_load(ckpt: Path, rank: int, method: str, before: Any) -> tuple[float, int, float]:
+    """Seconds, page faults and CPU seconds (all threads, user and system) of ``method``'s load
+    in a new process; ``before`` runs once that process is ready, just before its clock
+    starts."""
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe()
     names = [str(p) for p in shardspec.open(ckpt).rank_files(rank)]  # in this process
@@ -111,12 +114,12 @@ def first_load(ckpt: Path, rank: int, method: str, before: Any) -> tuple[float, 
         parent.send("go")
         if not parent.poll(600):
             raise RuntimeError(f"{method}: the load did not finish")
-        seconds, faults = parent.recv()
+        seconds, faults, cpu = parent.recv()
     except EOFError:
         raise RuntimeError(f"{method}: the load process failed (exit {proc.exitcode})") from None
     finally:
         proc.join(60)
-    return seconds, faults
+    return seconds, faults, cpu
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -171,13 +174,16 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
             methods = args.methods
             times: dict[str, list[float]] = {m: [] for m in methods}
             faults: dict[str, list[int]] = {m: [] for m in methods}
+            cpu: dict[str, list[float]] = {m: [] for m in methods}
             for repeat in range(args.repeats):
                 shift = repeat % len(methods)
                 for method in methods[shift:] + methods[:shift]:
-                    seconds, taken = first_load(ckpt, rank, method, before)
+                    seconds, taken, used = first_load(ckpt, rank, method, before)
                     times[method].append(seconds)
                     faults[method].append(taken)
-            rows.append({"tp": tp, "cache": cache, "times_s": times, "minflt": faults})
+                    cpu[method].append(used)
+            rows.append({"tp": tp, "cache": cache, "times_s": times, "minflt": faults,
+                         "cpu_s": cpu})
             print(f"TP={tp} {cache}: " + ", ".join(
                 f"{m} {statistics.median(v) * 1e3:.1f}" for m, v in times.items()) + " ms",
                 flush=True)
@@ -223,6 +229,11 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
         print("\ncopy: against the best peer; mmap: against st-mmap x 1.1. ahead = median no "
               "slower; noise = slower, but each median within the other's repeats; behind = "
               "neither")
+    print("\nCPU time of the loading process during the load, all threads, user + system "
+          "(median ms):")
+    for row in rows:
+        print(f"  TP={row['tp']} {row['cache']}: " + ", ".join(
+            f"{m} {statistics.median(v) * 1e3:.0f}" for m, v in row["cpu_s"].items()))
     print("\nMinor page faults taken by the loading process during the load (median; one per "
           "4 KiB page of fresh memory, or per 2 MiB where huge pages back it):")
     for row in rows:

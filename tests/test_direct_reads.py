@@ -203,3 +203,34 @@ def test_the_direct_reads_setting(monkeypatch: pytest.MonkeyPatch, setting: str,
                                   expected: bool) -> None:
     monkeypatch.setenv("SHARDSPEC_DIRECT_READS", setting)
     assert host_reads._direct_reads_setting() is expected
+
+
+def test_where_the_kernel_cannot_say_what_is_cached_the_load_reads_through_the_cache(
+    tmp_path: Path, small_direct_reads: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tensors = _checkpoint(tmp_path / "ckpt")
+    checkpoint = shardspec.open(tmp_path / "ckpt")
+    _evict(checkpoint.rank_files(0)[0])
+    preadv = os.preadv
+
+    def no_nowait(fd: int, buffers: list[memoryview], offset: int, flags: int = 0) -> int:
+        if flags:  # a file system without RWF_NOWAIT
+            raise OSError(95, "Operation not supported")
+        return preadv(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", no_nowait)
+    loaded = checkpoint.load_rank(0, "cpu")
+    assert small_direct_reads == []
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in tensors.items())
+
+
+def test_where_direct_reads_cannot_be_opened_the_load_reads_through_the_cache(
+    tmp_path: Path, small_direct_reads: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tensors = _checkpoint(tmp_path / "ckpt")
+    checkpoint = shardspec.open(tmp_path / "ckpt")
+    _evict(checkpoint.rank_files(0)[0])
+    monkeypatch.setattr(host_reads, "open_direct", lambda fd: None)  # e.g. no /proc
+    loaded = checkpoint.load_rank(0, "cpu")
+    assert small_direct_reads == []
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in tensors.items())

@@ -11,6 +11,8 @@ import threading
 
 import torch
 
+from shardspec.load.host_memory import fresh_buffer
+
 
 class LazyCopy:
     def __init__(self, engine: FakeEngine, dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -27,7 +29,8 @@ class LazyCopy:
 class FakeEngine:
     """Counts what it hands out, so tests can bound staging memory."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, page_aligned: bool = False) -> None:
+        self.page_aligned = page_aligned  # staging memory direct reads can fill, as pinned is
         self.lock = threading.Lock()
         self.copies: list[LazyCopy] = []
         self.staging_bytes = 0
@@ -38,6 +41,8 @@ class FakeEngine:
     def staging_buffer(self, nbytes: int) -> torch.Tensor:
         self.staging_buffers += 1
         self.staging_bytes += nbytes
+        if self.page_aligned:
+            return fresh_buffer(nbytes, page_aligned=True).fill_(0xAB)
         return torch.full((nbytes,), 0xAB, dtype=torch.uint8)
 
     def output_buffer(self, nbytes: int) -> torch.Tensor:

@@ -12,8 +12,11 @@ import pytest
 import torch
 
 import shardspec
+import shardspec.load.execute
 import shardspec.load.host_reads as host_reads
+import shardspec.load.staging
 from conftest import raw_bytes, write_handmade
+from fake_engine import FakeEngine
 from shardspec.format.errors import SafetensorsError
 from shardspec.load.host_memory import PAGE_BYTES, fresh_buffer
 from shardspec.load.reads import in_page_cache, open_direct, pread_direct
@@ -234,3 +237,32 @@ def test_where_direct_reads_cannot_be_opened_the_load_reads_through_the_cache(
     loaded = checkpoint.load_rank(0, "cpu")
     assert small_direct_reads == []
     assert all(torch.equal(loaded[name], tensor) for name, tensor in tensors.items())
+
+
+def test_a_cold_staged_load_reads_each_chunk_directly_into_staging_bit_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The CUDA path's pipeline, through a CPU copy engine whose staging memory is page-aligned
+    # as pinned memory is; digests checked (verify=True) on the bytes in file order.
+    tensors = _checkpoint(tmp_path / "ckpt")
+    checkpoint = shardspec.open(tmp_path / "ckpt")
+    monkeypatch.setattr(host_reads, "DIRECT_MIN_BYTES", 1)
+    monkeypatch.setattr(shardspec.load.execute, "CHUNK_BYTES", 16 * PAGE_BYTES)
+    spans: list[int] = []
+    span = shardspec.load.staging.pread_direct_span
+
+    def counted(*args: object) -> int:
+        spans.append(1)
+        return span(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shardspec.load.staging, "pread_direct_span", counted)
+    for cache in ("cold", "warm"):
+        (data_file,) = checkpoint.rank_files(0)
+        _evict(data_file) if cache == "cold" else data_file.read_bytes()
+        spans.clear()
+        loaded = shardspec.load.execute.execute_plan(
+            tmp_path / "ckpt", checkpoint.plan(0), torch.device("cpu"), verify=True,
+            engine=FakeEngine(page_aligned=True))
+        assert (len(spans) > 1) if cache == "cold" else not spans, cache
+        for name, tensor in tensors.items():
+            assert torch.equal(loaded[name], tensor), (cache, name)

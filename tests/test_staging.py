@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from fake_engine import FakeEngine
 from shardspec.format.errors import SafetensorsError
+from shardspec.load.host_memory import PAGE_BYTES
+from shardspec.load.reads import open_direct
 from shardspec.load.staging import staged_read
 
 
@@ -69,3 +71,43 @@ def test_a_file_shorter_than_its_header_says_is_an_error_and_copies_are_finished
 def test_nonpositive_parameters_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         staged_read(FakeEngine(), 0, 0, 1, "x", None, chunk=0)
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="direct reads are Linux's")
+@given(
+    size=st.integers(0, 120_000),
+    start=st.integers(0, 9000),
+    pages=st.integers(1, 5),
+    depth=st.integers(1, 3),
+    readers=st.integers(1, 2),
+    tail=st.integers(0, 5000),
+)
+def test_chunks_read_directly_into_staging_equal_the_file(
+    tmp_path_factory: pytest.TempPathFactory, size: int, start: int, pages: int, depth: int,
+    readers: int, tail: int,
+) -> None:
+    # Chunks start on the file's pages: the first holds some header, the last may pass the
+    # file's end; neither may reach the output or the digest.
+    path = tmp_path_factory.getbasetemp() / "staging-direct"
+    data = _file(path, start + size + tail, seed=size * 5 + start)
+    engine = FakeEngine(page_aligned=True)
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY)
+    direct = open_direct(fd)
+    assert direct is not None
+    try:
+        out = staged_read(engine, fd, start, size, "data", digest, chunk=pages * PAGE_BYTES,
+                          depth=depth, readers=readers, direct=direct)
+    finally:
+        os.close(direct)
+        os.close(fd)
+    assert out.numpy().tobytes() == data[start : start + size]
+    assert digest.hexdigest() == hashlib.sha256(data[start : start + size]).hexdigest()
+    assert engine.staging_buffers <= depth
+    assert engine.staging_bytes <= depth * pages * PAGE_BYTES
+    assert engine.pending == 0
+
+
+def test_direct_chunks_must_be_whole_pages(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="whole pages"):
+        staged_read(FakeEngine(), 0, 0, 1, "x", None, chunk=PAGE_BYTES + 1, direct=0)

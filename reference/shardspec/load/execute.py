@@ -7,7 +7,8 @@ Each data file's data region becomes one buffer and its tensors are views of it:
   (:mod:`shardspec.load.host_reads`);
 - ``cpu`` with ``mmap``: the file mapped copy-on-write, read by the kernel only where touched;
 - ``cuda``: reads through a bounded ring of pinned staging buffers, each chunk's host-to-device
-  copy overlapping the next reads (:mod:`shardspec.load.staging`); no full-size host copy;
+  copy overlapping the next reads (:mod:`shardspec.load.staging`), around the page cache where
+  it does not hold the file; no full-size host copy;
 - a checkpoint in object storage: ranged requests into one host buffer per file, moved to the
   device whole (:mod:`shardspec.load.remote`).
 """
@@ -27,7 +28,7 @@ from ..format.safetensors_header import Entry, read_header
 from ..storage.paths import open_inside
 from ..storage.remote import RemoteRoot
 from .host_memory import fresh_buffer, map_file
-from .host_reads import read_region
+from .host_reads import direct_descriptor, read_region
 from .plan import FilePlan, RankPlan
 from .remote import read_remote_files
 from .staging import CopyEngine, CudaCopyEngine, staged_read
@@ -116,9 +117,15 @@ def _load_file(
             if digest is not None:
                 digest.update(memoryview(data.numpy()))  # type: ignore[arg-type]
         elif engine is not None:
-            data = staged_read(engine, handle.fileno(), header.data_start, count, record.path,
-                               digest, chunk=CHUNK_BYTES, depth=STAGING_BUFFERS,
-                               readers=STAGING_READERS)
+            direct = direct_descriptor(handle.fileno(), header.data_start, count)
+            try:
+                data = staged_read(engine, handle.fileno(), header.data_start, count,
+                                   record.path, digest, chunk=CHUNK_BYTES,
+                                   depth=STAGING_BUFFERS, readers=STAGING_READERS,
+                                   direct=direct)
+            finally:
+                if direct is not None:
+                    os.close(direct)
         elif digest is None:
             data = read_region(handle.fileno(), header.data_start, count, record.path,
                                threads=READ_THREADS, chunk=READ_CHUNK_BYTES)

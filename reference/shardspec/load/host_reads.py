@@ -22,8 +22,8 @@ import torch
 from .host_memory import PAGE_BYTES, fresh_buffer
 from .reads import in_page_cache, open_direct, pread_direct, pread_parallel
 
-__all__ = ["DIRECT_MIN_BYTES", "DIRECT_READS", "DIRECT_READS_IN_FLIGHT", "DIRECT_CHUNK_BYTES",
-           "read_region"]
+__all__ = ["DIRECT_CHUNK_BYTES", "DIRECT_MIN_BYTES", "DIRECT_READS", "DIRECT_READS_IN_FLIGHT",
+           "direct_descriptor", "read_region"]
 
 
 def _direct_reads_setting() -> bool:
@@ -55,7 +55,7 @@ def read_region(fd: int, position: int, count: int, path: str, *, threads: int,
 
     ``threads`` and ``chunk`` shape the reads through the page cache.
     """
-    direct = _direct_descriptor(fd, position, count)
+    direct = direct_descriptor(fd, position, count)
     if direct is None:
         data = fresh_buffer(count)
         pread_parallel(fd, memoryview(data.numpy()), position, path,  # type: ignore[arg-type]
@@ -73,8 +73,9 @@ def read_region(fd: int, position: int, count: int, path: str, *, threads: int,
     return buffer[lead : lead + count]
 
 
-def _direct_descriptor(fd: int, position: int, count: int) -> int | None:
-    """A direct descriptor when the region is large and not in the page cache, else None."""
+def direct_descriptor(fd: int, position: int, count: int) -> int | None:
+    """A direct descriptor of ``fd``'s file when its region of ``count`` bytes from
+    ``position`` is large and not in the page cache, else None. The caller closes it."""
     if not DIRECT_READS or count < DIRECT_MIN_BYTES:
         return None
     if in_page_cache(fd, position, count, samples=CACHE_PROBES) is not False:

@@ -8,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..format.errors import Finding, SafetensorsError
 
-__all__ = ["in_page_cache", "open_direct", "pread_direct", "pread_into", "pread_parallel"]
+__all__ = ["in_page_cache", "open_direct", "pread_direct", "pread_direct_span", "pread_into",
+           "pread_parallel"]
 
 
 def pread_into(fd: int, views: list[memoryview], position: int, path: str) -> int:
@@ -120,16 +121,21 @@ def pread_direct(direct: int, fd: int, view: memoryview, position: int, end: int
     the page cache from ``fd``, so the view is filled exactly or the file ended early. Returns
     the read calls made.
     """
-    def span(a: int, b: int) -> int:
-        want = min(b, end) - a
-        try:
-            got = os.preadv(direct, [view[a:b]], position + a)
-        except OSError:  # EINVAL: this file or device needs another alignment
-            got = 0
-        if got >= want:
-            return 1
-        return 1 + pread_into(fd, [view[a + got : a + want]], position + a + got, path)
-
     starts = range(0, min(len(view), end), chunk)
-    futures = [_pool(threads).submit(span, a, min(a + chunk, len(view))) for a in starts]
+    futures = [_pool(threads).submit(pread_direct_span, direct, fd, view[a : a + chunk],
+                                     position + a, min(chunk, end - a), path) for a in starts]
     return sum(future.result() for future in futures)  # the first failure, raised in order
+
+
+def pread_direct_span(direct: int, fd: int, view: memoryview, position: int, want: int,
+                      path: str) -> int:
+    """Fill the first ``want`` bytes of ``view`` from ``position`` with one direct read of the
+    whole (page-aligned) view, the rest through the page cache from ``fd``: what the direct
+    read did not deliver (a refused alignment, a short read). Returns the read calls made."""
+    try:
+        got = os.preadv(direct, [view], position)
+    except OSError:  # EINVAL: this file or device needs another alignment
+        got = 0
+    if got >= want:
+        return 1
+    return 1 + pread_into(fd, [view[got:want]], position + got, path)

@@ -5,7 +5,8 @@ of earlier chunks run on the device's copy engine; a buffer is refilled only aft
 that last read it has completed. Pinned memory stays at ``depth`` x ``chunk`` bytes whatever
 the file's size, and no full-size host copy of the rank is made. Up to ``readers`` reads are
 in flight at once (``preadv`` releases the GIL), so a fast disk or a warm page cache is not
-held to one core's copy rate.
+held to one core's copy rate. Where the page cache does not hold the file, each chunk is read
+around it (``O_DIRECT``) straight into its pinned buffer: no copy into the cache and out.
 
 The copy engine is an interface: :class:`CudaCopyEngine` on a GPU, and any object with the same
 four methods in tests, so that the ordering can be checked without a GPU.
@@ -18,7 +19,8 @@ from typing import Any, Protocol
 
 import torch
 
-from .reads import pread_into
+from .host_memory import PAGE_BYTES
+from .reads import pread_direct_span, pread_into
 
 __all__ = ["Completion", "CopyEngine", "CudaCopyEngine", "staged_read"]
 
@@ -90,25 +92,42 @@ def staged_read(
     chunk: int,
     depth: int = 2,
     readers: int = 1,
+    direct: int | None = None,
 ) -> torch.Tensor:
     """``count`` bytes of ``fd`` from offset ``start``, on the engine's device.
 
-    ``digest`` (a hashlib object or None) is updated with the bytes in file order.
+    ``digest`` (a hashlib object or None) is updated with the bytes in file order. ``direct``,
+    a descriptor of the same file opened for direct I/O, reads each chunk around the page cache
+    straight into its (page-aligned) staging buffer; the chunks then start on a page boundary
+    of the file, so the first one holds a little of the header too, which is not copied.
     """
     if chunk < 1 or depth < 1 or readers < 1:
         raise ValueError("chunk, depth and readers must be positive")
+    if direct is not None and chunk % PAGE_BYTES:
+        raise ValueError("chunks read directly must be whole pages")
     out = engine.output_buffer(count)
-    spans = [(position, min(chunk, count - position)) for position in range(0, count, chunk)]
+    # The window read: from ``lead`` bytes before ``start`` (a page boundary when direct).
+    lead = start % PAGE_BYTES if direct is not None else 0
+    window = lead + count
+    spans = [(position, min(chunk, window - position))
+             for position in range(0, window if count else 0, chunk)]
     if not spans:
         return out
-    buffers = [engine.staging_buffer(min(chunk, count)) for _ in range(min(depth, len(spans)))]
+    size = min(chunk, window if direct is None else -(-window // PAGE_BYTES) * PAGE_BYTES)
+    buffers = [engine.staging_buffer(size) for _ in range(min(depth, len(spans)))]
 
     def fill(index: int, previous_copy: Completion | None) -> None:
         if previous_copy is not None:
             previous_copy.synchronize()  # the copy that last read this buffer is done
-        position, size = spans[index]
-        view = memoryview(buffers[index % len(buffers)][:size].numpy())  # type: ignore[arg-type]
-        pread_into(fd, [view], start + position, path)
+        position, length = spans[index]
+        buffer = buffers[index % len(buffers)]
+        if direct is None:
+            view = memoryview(buffer[:length].numpy())  # type: ignore[arg-type]
+            pread_into(fd, [view], start + position, path)
+        else:  # whole pages: the last chunk's may pass the end of the file
+            pages = -(-length // PAGE_BYTES) * PAGE_BYTES
+            view = memoryview(buffer[:pages].numpy())  # type: ignore[arg-type]
+            pread_direct_span(direct, fd, view, start - lead + position, length, path)
 
     reads: dict[int, Future[None]] = {}
     with ThreadPoolExecutor(min(readers, len(buffers)), thread_name_prefix="shardspec-stage") \
@@ -116,12 +135,14 @@ def staged_read(
         try:
             for index in range(len(buffers)):
                 reads[index] = pool.submit(fill, index, None)
-            for index, (position, size) in enumerate(spans):
+            for index, (position, length) in enumerate(spans):
                 reads.pop(index).result()
-                staged = buffers[index % len(buffers)][:size]
+                skip = max(0, lead - position)  # header bytes before ``start``
+                staged = buffers[index % len(buffers)][skip:length]
                 if digest is not None:
                     digest.update(memoryview(staged.numpy()))  # type: ignore[arg-type]
-                done = engine.copy_async(out[position : position + size], staged)
+                at = position + skip - lead
+                done = engine.copy_async(out[at : at + length - skip], staged)
                 refill = index + len(buffers)
                 if refill < len(spans):
                     reads[refill] = pool.submit(fill, refill, done)

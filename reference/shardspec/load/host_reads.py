@@ -1,14 +1,13 @@
-"""A file's data region -> one fresh host buffer, read the way that is fastest for where the
-bytes are.
+"""A file's data region -> one fresh host buffer, read the way that suits where the bytes are.
 
 - In the page cache (warm): positional reads through it, several threads at once, each copying
   a span out of the cache.
 - Not in the page cache (cold), on Linux: direct reads (``O_DIRECT``) into page-aligned memory,
   many requests in flight. A buffered read of a cold file fills the cache at the pace of the
   kernel's readahead and then copies out of it; a direct read goes from the device into the
-  buffer, whose fresh pages the kernel faults in as it pins them rather than one trap per
-  page. A direct read cannot use what the cache holds, which is why a warm file is not read so.
-  Figures: ``benchmarks/README.md``.
+  buffer, with neither (a third to a half of the CPU time on the benchmark's VM). A direct
+  read cannot use what the cache holds, which is why a warm file is not read so. Figures:
+  ``benchmarks/README.md``.
 
 :data:`DIRECT_READS` turns the second way off (``SHARDSPEC_DIRECT_READS=0`` too).
 """

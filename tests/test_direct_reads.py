@@ -5,6 +5,7 @@ file than the one opened."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -266,3 +267,27 @@ def test_a_cold_staged_load_reads_each_chunk_directly_into_staging_bit_exact(
         assert (len(spans) > 1) if cache == "cold" else not spans, cache
         for name, tensor in tensors.items():
             assert torch.equal(loaded[name], tensor), (cache, name)
+
+
+def _advised_for_huge_pages(address: int) -> bool:
+    smaps = Path("/proc/self/smaps").read_text().splitlines()
+    for index, line in enumerate(smaps):
+        span = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
+        if span and int(span[1], 16) <= address < int(span[2], 16):
+            flags = next(entry for entry in smaps[index + 1 :] if entry.startswith("VmFlags:"))
+            return " hg" in flags
+    pytest.fail("the buffer's mapping is not in /proc/self/smaps")
+
+
+@pytest.mark.parametrize("huge", [True, False])
+def test_buffers_filled_by_direct_reads_are_advised_for_huge_pages(
+    tmp_path: Path, small_direct_reads: list[int], monkeypatch: pytest.MonkeyPatch, huge: bool
+) -> None:
+    monkeypatch.setattr(host_reads, "DIRECT_HUGE_PAGES", huge)
+    tensors = _checkpoint(tmp_path / "ckpt")  # over 2 MiB: eligible
+    checkpoint = shardspec.open(tmp_path / "ckpt")
+    _evict(checkpoint.rank_files(0)[0])
+    loaded = checkpoint.load_rank(0, "cpu")
+    assert small_direct_reads == [1]
+    assert _advised_for_huge_pages(loaded["w0"].data_ptr()) is huge
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in tensors.items())

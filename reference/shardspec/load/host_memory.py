@@ -41,12 +41,15 @@ _PRIVATE_ANONYMOUS = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYM
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
-def fresh_buffer(nbytes: int, *, page_aligned: bool = False) -> torch.Tensor:
-    """``nbytes`` of new, writable host memory as a uint8 tensor (huge pages if enabled).
+def fresh_buffer(nbytes: int, *, page_aligned: bool = False, huge_pages: bool | None = None
+                 ) -> torch.Tensor:
+    """``nbytes`` of new, writable host memory as a uint8 tensor.
 
     ``page_aligned``: the first byte starts a page, as reads that bypass the page cache need.
+    ``huge_pages``: advise the memory for huge pages (None: :data:`USE_HUGE_PAGES`).
     """
-    if nbytes < HUGE_PAGE_BYTES or not USE_HUGE_PAGES or not hasattr(mmap, "MAP_ANONYMOUS"):
+    huge = USE_HUGE_PAGES if huge_pages is None else huge_pages
+    if nbytes < HUGE_PAGE_BYTES or not huge or not hasattr(mmap, "MAP_ANONYMOUS"):
         return _torch_buffer(nbytes, page_aligned)
     try:
         mapping = mmap.mmap(-1, nbytes, flags=_PRIVATE_ANONYMOUS)

@@ -5,7 +5,8 @@
 - Not in the page cache (cold), on Linux: direct reads (``O_DIRECT``) into page-aligned memory,
   many requests in flight. A buffered read of a cold file fills the cache at the pace of the
   kernel's readahead and then copies out of it; a direct read goes from the device into the
-  buffer, with neither (a third to a half of the CPU time on the benchmark's VM). A direct
+  buffer, with neither (a quarter to three quarters of the CPU time on the benchmark's VM),
+  into memory advised for huge pages (:data:`DIRECT_HUGE_PAGES`). A direct
   read cannot use what the cache holds, which is why a warm file is not read so. Figures:
   ``benchmarks/README.md``.
 
@@ -36,8 +37,8 @@ def _direct_reads_setting() -> bool:
 DIRECT_READS = _direct_reads_setting()
 
 #: Advise the buffers that direct reads fill for huge pages: the kernel then faults them in
-#: 2 MiB at a time as it pins them. On the benchmark's VM this made cold loads faster in 14 of
-#: 16 side-by-side cells, where huge pages for warm loads (``host_memory.USE_HUGE_PAGES``)
+#: 2 MiB at a time as it pins them. On the benchmark's VM this made cold loads faster in 17 of
+#: 18 side-by-side medians, where huge pages for warm loads (``host_memory.USE_HUGE_PAGES``)
 #: cost up to 3.4x (``benchmarks/README.md``).
 DIRECT_HUGE_PAGES = True
 

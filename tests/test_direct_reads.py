@@ -173,16 +173,6 @@ def test_a_cold_load_reads_directly_and_a_warm_one_through_the_cache_bit_exact(
             assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
 
 
-def test_direct_reads_can_be_turned_off(tmp_path: Path, small_direct_reads: list[int],
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    _checkpoint(tmp_path / "ckpt")
-    checkpoint = shardspec.open(tmp_path / "ckpt")
-    monkeypatch.setattr(host_reads, "DIRECT_READS", False)
-    _evict(checkpoint.rank_files(0)[0])
-    checkpoint.load_rank(0, "cpu")
-    assert small_direct_reads == []
-
-
 def test_unaligned_tensor_offsets_read_directly_load_bit_exact(
     tmp_path: Path, small_direct_reads: list[int]
 ) -> None:
@@ -209,12 +199,7 @@ def test_the_direct_reads_setting(monkeypatch: pytest.MonkeyPatch, setting: str,
     assert host_reads._direct_reads_setting() is expected
 
 
-def test_where_the_kernel_cannot_say_what_is_cached_the_load_reads_through_the_cache(
-    tmp_path: Path, small_direct_reads: list[int], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    tensors = _checkpoint(tmp_path / "ckpt")
-    checkpoint = shardspec.open(tmp_path / "ckpt")
-    _evict(checkpoint.rank_files(0)[0])
+def _without_nowait(monkeypatch: pytest.MonkeyPatch) -> None:
     preadv = os.preadv
 
     def no_nowait(fd: int, buffers: list[memoryview], offset: int, flags: int = 0) -> int:
@@ -223,18 +208,21 @@ def test_where_the_kernel_cannot_say_what_is_cached_the_load_reads_through_the_c
         return preadv(fd, buffers, offset)
 
     monkeypatch.setattr(os, "preadv", no_nowait)
-    loaded = checkpoint.load_rank(0, "cpu")
-    assert small_direct_reads == []
-    assert all(torch.equal(loaded[name], tensor) for name, tensor in tensors.items())
 
 
-def test_where_direct_reads_cannot_be_opened_the_load_reads_through_the_cache(
-    tmp_path: Path, small_direct_reads: list[int], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("why", ["turned off", "no RWF_NOWAIT", "no direct open"])
+def test_a_cold_load_without_direct_reads_goes_through_the_cache_bit_exact(
+    tmp_path: Path, small_direct_reads: list[int], monkeypatch: pytest.MonkeyPatch, why: str
 ) -> None:
     tensors = _checkpoint(tmp_path / "ckpt")
     checkpoint = shardspec.open(tmp_path / "ckpt")
     _evict(checkpoint.rank_files(0)[0])
-    monkeypatch.setattr(host_reads, "open_direct", lambda fd: None)  # e.g. no /proc
+    if why == "turned off":
+        monkeypatch.setattr(host_reads, "DIRECT_READS", False)
+    elif why == "no RWF_NOWAIT":  # the kernel cannot say what is cached
+        _without_nowait(monkeypatch)
+    else:  # e.g. no /proc
+        monkeypatch.setattr(host_reads, "open_direct", lambda fd: None)
     loaded = checkpoint.load_rank(0, "cpu")
     assert small_direct_reads == []
     assert all(torch.equal(loaded[name], tensor) for name, tensor in tensors.items())

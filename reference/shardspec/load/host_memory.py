@@ -23,10 +23,16 @@ import torch
 
 from ..format.errors import Finding, SafetensorsError
 
-__all__ = ["HUGE_PAGE_BYTES", "USE_HUGE_PAGES", "fresh_buffer", "map_file"]
+__all__ = ["HUGE_PAGE_BYTES", "PAGE_BYTES", "USE_HUGE_PAGES", "fresh_buffer", "map_file",
+           "whole_pages"]
 
 #: The address alignment :func:`fresh_buffer` can be asked for: a page (direct I/O needs it).
 PAGE_BYTES = mmap.PAGESIZE
+
+
+def whole_pages(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole pages."""
+    return -(-nbytes // PAGE_BYTES) * PAGE_BYTES
 
 #: Below this, a buffer is ordinary allocator memory: huge pages cannot help a smaller one.
 HUGE_PAGE_BYTES = 2 * 1024 * 1024

@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from .host_memory import PAGE_BYTES, fresh_buffer
+from .host_memory import PAGE_BYTES, fresh_buffer, whole_pages
 from .reads import in_page_cache, open_direct, pread_direct, pread_parallel
 
 __all__ = ["DIRECT_CHUNK_BYTES", "DIRECT_HUGE_PAGES", "DIRECT_MIN_BYTES", "DIRECT_READS",
@@ -71,7 +71,8 @@ def read_region(fd: int, position: int, count: int, path: str, *, threads: int,
         # Whole pages around the region: direct reads start and end on page boundaries.
         first = position - position % PAGE_BYTES
         lead, end = position - first, position + count - first
-        buffer = fresh_buffer(-(-end // PAGE_BYTES) * PAGE_BYTES, page_aligned=True,
+        # DIRECT_HUGE_PAGES off leaves the choice to host_memory.USE_HUGE_PAGES (None).
+        buffer = fresh_buffer(whole_pages(end), page_aligned=True,
                               huge_pages=DIRECT_HUGE_PAGES or None)
         pread_direct(direct, fd, memoryview(buffer.numpy()), first, end,  # type: ignore[arg-type]
                      path, threads=DIRECT_READS_IN_FLIGHT, chunk=DIRECT_CHUNK_BYTES)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .host_memory import PAGE_BYTES
+from .host_memory import PAGE_BYTES, whole_pages
 from .reads import pread_direct_span, pread_into
 
 __all__ = ["Completion", "CopyEngine", "CudaCopyEngine", "staged_read"]
@@ -113,7 +113,7 @@ def staged_read(
              for position in range(0, window if count else 0, chunk)]
     if not spans:
         return out
-    size = min(chunk, window if direct is None else -(-window // PAGE_BYTES) * PAGE_BYTES)
+    size = min(chunk, window if direct is None else whole_pages(window))
     buffers = [engine.staging_buffer(size) for _ in range(min(depth, len(spans)))]
 
     def fill(index: int, previous_copy: Completion | None) -> None:
@@ -125,8 +125,7 @@ def staged_read(
             view = memoryview(buffer[:length].numpy())  # type: ignore[arg-type]
             pread_into(fd, [view], start + position, path)
         else:  # whole pages: the last chunk's may pass the end of the file
-            pages = -(-length // PAGE_BYTES) * PAGE_BYTES
-            view = memoryview(buffer[:pages].numpy())  # type: ignore[arg-type]
+            view = memoryview(buffer[: whole_pages(length)].numpy())  # type: ignore[arg-type]
             pread_direct_span(direct, fd, view, start - lead + position, length, path)
 
     reads: dict[int, Future[None]] = {}

@@ -72,7 +72,7 @@ import shardspec
 import shardspec.load.execute
 import shardspec.load.host_memory
 import shardspec.load.host_reads
-from peers import PEERS, missing_peers
+from peers import GPU_PEERS, PEERS, missing_peers
 from synthetic import LAYERS, bench_workdir, evict, make_weights, model_spec
 
 HERE = Path(__file__).resolve().parent
@@ -84,6 +84,8 @@ CHUNK = 64 * MiB
 
 MISSING_PEERS = missing_peers()
 AVAILABLE_PEERS = tuple(name for name in PEERS if name not in MISSING_PEERS)
+MISSING_GPU_PEERS = missing_peers(GPU_PEERS)  # tried on --device cuda only
+LOADERS = {name: fn for name, (_, fn) in {**PEERS, **GPU_PEERS}.items()}
 CPU_METHODS = ("baseline", "shardspec", "shardspec-cached", "shardspec-thp", "shardspec-mmap",
                "st-mmap", "st-pread", *AVAILABLE_PEERS, "read-fresh", "read-reused")
 CPU_LAZY = ("shardspec-mmap-lazy", "st-lazy")
@@ -319,17 +321,18 @@ def contenders(
         "read-reused": lambda: read_into(files, host),
         "pinned-h2d": lambda: pinned.to(device, non_blocking=True),
         "read-then-h2d": lambda: read_into(files, pinned).to(device, non_blocking=True),
-        **{name: (lambda fn=PEERS[name][1]: fn(files, device=str(device)))
-           for name in AVAILABLE_PEERS},
+        **{name: (lambda fn=LOADERS[name]: fn(files, device=str(device)))
+           for name in (*AVAILABLE_PEERS, *GPU_PEERS) if name not in MISSING_GPU_PEERS},
     }
 
 
 def cuda_peers(device: torch.device, files: list[Path], info: dict[str, Any]) -> tuple[str, ...]:
     """The peers that load onto ``device`` here (one untimed trial each); why the others not."""
     working = []
-    for name in AVAILABLE_PEERS:
+    info.update({f"{name} left out": why for name, why in MISSING_GPU_PEERS.items()})
+    for name in (*AVAILABLE_PEERS, *(p for p in GPU_PEERS if p not in MISSING_GPU_PEERS)):
         try:
-            PEERS[name][1](files, device=str(device))
+            LOADERS[name](files, device=str(device))
             working.append(name)
         except Exception as exc:  # noqa: BLE001 - a peer that cannot load here is left out
             info[f"{name} left out"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -449,7 +452,7 @@ def peer_versions() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     out = []
-    for package in ("runai-model-streamer", "fastsafetensors"):
+    for package in ("runai-model-streamer", "fastsafetensors", "instanttensor"):
         try:
             out.append(f"{package} {version(package)}")
         except PackageNotFoundError:
@@ -746,7 +749,10 @@ def verdict(ours: list[float], theirs: list[float]) -> str:
 def peer_table(results: list[dict[str, Any]], caches: list[str]) -> None:
     """shardspec against the loaders a user picks instead, one row per TP size and cache state
     (median ms, and the range of the repeats; a ratio above 1 means shardspec is faster)."""
-    if not results or results[0]["device"] != "cpu":
+    if not results:
+        return
+    if results[0]["device"] != "cpu":
+        cuda_peer_table(results, caches)
         return
     peers = [p for p in AVAILABLE_PEERS if p in results[0]["median_s"]]
     print("\n#### Against the peers (median ms, [fastest-slowest repeat]; every result "
@@ -772,6 +778,30 @@ def peer_table(results: list[dict[str, Any]], caches: list[str]) -> None:
     print("\ncopy: against the best peer; mmap: against st-mmap x 1.1 (the goal: within 1.1x). "
           "ahead = median no slower; noise = median slower, but each median within the other's "
           "repeats; behind = neither")
+
+
+def cuda_peer_table(results: list[dict[str, Any]], caches: list[str]) -> None:
+    """The same on a GPU: the peers that loaded onto it, safetensors' own CUDA load, and the
+    rate of one pinned host-to-device copy of the rank's bytes (the copy engine's ceiling)."""
+    peers = [p for p in (*AVAILABLE_PEERS, *GPU_PEERS) if p in results[0]["median_s"]]
+    print("\n#### Against the peers on the GPU (median ms, [fastest-slowest repeat])\n")
+    cols = ["TP", "cache", "shardspec", *peers, "st-cuda", "best peer / shardspec", "verdict",
+            "shardspec GB/s", "pinned-h2d GB/s"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "|".join("---:" for _ in cols) + "|")
+    for state in caches:
+        for r in (r for r in results if r["cache"] == state):
+            m, times, nb = r["median_s"], r["times_s"], r["rank_bytes"]
+            rivals = [*peers, "st-cuda"]
+            best = min(rivals, key=lambda p: m[p])
+            cell = partial(_spread, r)
+            print("| " + " | ".join([
+                str(r["tp"]), state, cell("shardspec"), *(cell(p) for p in rivals),
+                f"{_ratio(m[best], m['shardspec'])} ({best})",
+                verdict(times["shardspec"], times[best]),
+                f"{nb / m['shardspec'] / GB:.2f}", f"{nb / m['pinned-h2d'] / GB:.2f}"]) + " |")
+    print("\nbest peer: the fastest of the peers and st-cuda; ahead = median no slower; noise = "
+          "median slower, but each median within the other's repeats; behind = neither")
 
 
 def report(

@@ -69,3 +69,44 @@ def test_cuda_load_equals_cpu_load_moved_bit_for_bit(
     for name, tensor in on_cpu.items():
         assert on_gpu[name].device.type == "cuda"
         assert_same_tensor(on_gpu[name].cpu(), tensor)
+
+
+def test_a_cold_load_reads_chunks_directly_into_pinned_staging_bit_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The path tests/test_direct_reads.py drives through a CPU copy engine, on the real one:
+    # O_DIRECT reads into pinned buffers, then host-to-device copies, digests checked.
+    import os
+
+    import shardspec.load.execute
+    import shardspec.load.staging
+    from shardspec.load import host_reads
+    from shardspec.load.host_memory import PAGE_BYTES
+    from shardspec.load.reads import open_direct
+
+    gen = torch.Generator().manual_seed(5)
+    state = {"w": torch.randint(0, 256, (3 << 20,), dtype=torch.uint8, generator=gen),
+             "odd": torch.arange(7, dtype=torch.int16)}
+    shardspec.save({0: state}, tmp_path / "c", layout=shardspec.Layout(tp_size=1))
+    (data_file,) = shardspec.open(tmp_path / "c").rank_files(0)
+    fd = os.open(data_file, os.O_RDONLY)
+    try:
+        direct = open_direct(fd)
+        if direct is None:
+            pytest.skip(f"{tmp_path} does not open for direct I/O")
+        os.close(direct)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    monkeypatch.setattr(host_reads, "DIRECT_MIN_BYTES", 1)
+    monkeypatch.setattr(shardspec.load.execute, "CHUNK_BYTES", 64 * PAGE_BYTES)
+    spans: list[int] = []
+    span = shardspec.load.staging.pread_direct_span
+    monkeypatch.setattr(shardspec.load.staging, "pread_direct_span",
+                        lambda *args: spans.append(1) or span(*args))
+    loaded = shardspec.load_rank(tmp_path / "c", 0, "cuda:0", verify=True)
+    assert len(spans) > 1
+    for name, tensor in state.items():
+        assert loaded[name].device == torch.device("cuda", 0)
+        assert_same_tensor(loaded[name].cpu(), tensor)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, as one short script for a machine with CUDA (see
-# benchmarks/README.md, "CUDA"): the CUDA tests, the load benchmark on cuda:0 with the peers that
-# load onto a GPU, the 8-ranks-at-once run on that machine's cores, then a sweep of the staging
-# settings. Results go to $OUT (default ./gpu-results). Needs a python3 with a CUDA torch and
+# benchmarks/README.md, "CUDA"): the CUDA tests, the staging settings side by side, the load
+# benchmark on cuda:0 with the peers that load onto a GPU, then the 8-ranks-at-once run on that
+# machine's cores. Results go to $OUT (default ./gpu-results). Needs a python3 with a CUDA torch and
 # shardspec's dependencies importable (PYTHONPATH may point at unpacked wheels); the peers
 # (runai-model-streamer, fastsafetensors, instanttensor) are measured where they import.
 set -uo pipefail
@@ -32,25 +32,24 @@ timeout 100 "$PY" -m pytest -q -p no:cacheprovider -W default tests/test_cuda.py
     -k "cuda or staging or direct or load or Load" --junitxml "$OUT/cuda-tests.xml" \
     2>&1 | tee "$OUT/cuda-tests.txt" || status=1
 
-# 2. The load benchmark on the GPU: warm and cold, TP=1 and TP=8, with the peers.
+# 2. Staging settings (reads in flight x pinned buffers x MiB) side by side in one process,
+#    warm and cold, TP=1 and TP=8; "default" is shardspec.load.execute's on this machine.
+step staging settings
+timeout 90 "$PY" benchmarks/bench_staging.py --settings 1x2x64,2x4x32,4x8x16,8x8x32,default \
+    --tp 1,8 --repeats 3 --cache warm,cold --workdir "$WORK/staging" 2>&1 \
+    | tee "$OUT/staging.txt" || status=1
+
+# 3. The load benchmark on the GPU: warm and cold, TP=1 and TP=8, with the peers.
 step bench cuda
-timeout 160 "$PY" benchmarks/bench_load.py --device cuda --tp 1,8 --repeats 3 --cache warm,cold --procs 0 \
-    --workdir "$WORK/cuda" --json "$OUT/bench-cuda.json" 2>&1 | tee "$OUT/bench-cuda.txt" \
-    || status=1
+timeout 160 "$PY" benchmarks/bench_load.py --device cuda --tp 1,8 --repeats 3 --cache warm,cold \
+    --procs 0 --workdir "$WORK/cuda" --json "$OUT/bench-cuda.json" 2>&1 \
+    | tee "$OUT/bench-cuda.txt" || status=1
 
-# 3. The same on the host's cores: one rank in process at TP=1 and TP=8, and all 8 ranks at
-#    once, one process each, against the same processes' plain reads (the node-wide goal).
+# 4. On the host's cores: all 8 ranks of TP=8 at once, one process each, against the same
+#    processes' plain reads (the node-wide goal), after one rank in process.
 step bench cpu
-timeout 140 "$PY" benchmarks/bench_load.py --device cpu --tp 1,8 --repeats 3 --cache warm,cold --procs 8 \
-    --workdir "$WORK/cpu" --json "$OUT/bench-cpu.json" 2>&1 | tee "$OUT/bench-cpu.txt" \
-    || status=1
-
-# 4. Staging settings (reads in flight x pinned buffers x MiB), warm and cold, TP=1.
-step staging sweep
-for staging in 1x2x64 4x8x16; do
-    timeout 40 "$PY" benchmarks/bench_load.py --device cuda --tp 1 --repeats 3 --cache warm,cold --procs 0 \
-        --staging "$staging" --workdir "$WORK/sweep" 2>&1 | grep -E "^TP=|staging" \
-        | sed "s/^/[$staging] /" | tee -a "$OUT/staging-sweep.txt" || status=1
-done
+timeout 120 "$PY" benchmarks/bench_load.py --device cpu --tp 8 --repeats 3 --cache warm,cold \
+    --procs 8 --workdir "$WORK/cpu" --json "$OUT/bench-cpu.json" 2>&1 \
+    | tee "$OUT/bench-cpu.txt" || status=1
 step done "status $status"
 exit $status

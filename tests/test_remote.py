@@ -447,6 +447,24 @@ def test_without_a_first_byte_time_short_bodies_teach_the_latency() -> None:
     assert link.throughput == pytest.approx(100e6)
 
 
+def test_an_objects_own_latency_sizes_its_requests_where_it_is_longer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    link = Link()
+    link.observe(0.002, 1000, first_byte_s=0.002)  # the manifest's small GET
+    link.observe(0.002 + 4e6 / 1e9, 4_000_000, first_byte_s=0.002)
+    assert link.data_measured and link.request_bytes() == MIN_REQUEST_BYTES
+    assert link.latency_of(0.100 + 8e6 / 1e9, 8_000_000) == pytest.approx(0.100)
+    assert link.request_bytes(latency_s=0.100) == int(4 * 0.100 * 1e9)  # 400 MB
+    assert link.request_bytes(latency_s=0.0001) == MIN_REQUEST_BYTES  # the link's, if longer
+    assert link.ranges(0, 100_000_000, latency_s=0.100) == [(0, 100_000_000)]
+    assert not Link().data_measured
+    link = Link()
+    link.observe(0.002, 500_000, first_byte_s=0.001)  # a body shorter than a data request's
+    assert not link.data_measured
+    monkeypatch.setattr(remote_link, "REQUEST_BYTES", 1000)
+    assert link.data_measured  # a fixed size: nothing to probe
+
+
 def test_ranges_are_even_and_an_object_under_one_request_is_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     link = Link()

@@ -7,6 +7,7 @@ truncated objects, server errors mid-read, refused credentials, an object replac
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -162,6 +163,35 @@ def test_requests_are_sized_by_the_link_and_ask_every_byte_once(
         gets = s3_server.requests("GET", f"ck/{record.path}")
         assert len(gets) == -(-record.size // (256 * 1024))
         assert s3_server.bytes_requested(f"ck/{record.path}") == record.size
+
+
+@pytest.mark.parametrize("measured", [False, True])
+def test_before_a_data_request_is_measured_an_objects_first_request_sizes_the_rest(
+        s3_server: S3Server, saved: tuple[str, dict[str, Any], shardspec.Manifest, Path],
+        monkeypatch: pytest.MonkeyPatch, measured: bool) -> None:
+    # A store whose every request costs 0.2 s before its first byte (as one that copies the
+    # object for each ranged GET does), and a link that knows only a fast small answer: the
+    # first request alone shows the object's latency, and the rest is one request.
+    url, options, manifest, local = saved
+    monkeypatch.setattr(remote_link, "_LINKS", {})
+    monkeypatch.setattr(remote_link, "MIN_REQUEST_BYTES", 64 * 1024)  # objects of 1.5 MiB
+    monkeypatch.setattr(remote_link, "DATA_SAMPLE_BYTES", 64 * 1024)
+    checkpoint = shardspec.open(url, storage_options=options)
+    (link,) = remote_link._LINKS.values()
+    link.latency_s, link.throughput = 0.001, 100e6  # requests of 400 kB: several per object
+    link.data_samples = int(measured)
+    s3_server.on_request("GET", lambda key: key.endswith(".safetensors"),
+                         lambda request: time.sleep(0.2), times=None)
+    s3_server.clear_log()
+    loaded = checkpoint.load_rank(0, "cpu")
+    expected = shardspec.load_rank(local, 0, "cpu")
+    for name in expected:
+        assert_same_tensor(loaded[name], expected[name])
+    for record in manifest.ranks[0].files:
+        gets = s3_server.requests("GET", f"ck/{record.path}")
+        assert len(gets) == (-(-record.size // 400_000) if measured else 2), record.path
+        assert s3_server.bytes_requested(f"ck/{record.path}") == record.size
+    assert link.data_measured
 
 
 @pytest.mark.parametrize(("tp", "budget", "most_gets"), [

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import struct
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 
@@ -99,12 +100,15 @@ class RemoteObject:
                   stop: threading.Event | None = None) -> None:
         """Fill ``views``, which follow each other in the object from ``start``, in requests
         the link sizes, all at once (the shared pool bounds those in flight). Once ``stop`` is
-        set (another file of the load failed), requests not yet sent are not sent."""
-        jobs: list[tuple[int, memoryview]] = []
+        set (another file of the load failed), requests not yet sent are not sent.
+
+        Before the link has measured a data request, the first of several requests goes alone
+        and the rest are sized with the latency it shows (``remote_link``'s docstring)."""
+        link = self.root.link
+        parts: list[tuple[int, memoryview]] = []
         position = start
         for view in views:
-            for low, high in self.root.link.ranges(0, len(view)):
-                jobs.append((position + low, view[low:high]))
+            parts.append((position, view))
             position += len(view)
 
         def fill(job: tuple[int, memoryview]) -> None:
@@ -113,6 +117,18 @@ class RemoteObject:
             at, view = job
             view[:] = self.read(at, at + len(view))
 
+        latency = None
+        first = next((i for i, (_, view) in enumerate(parts) if len(view)), None)
+        if first is not None and not link.data_measured and sum(
+                len(link.ranges(0, len(view))) for _, view in parts) > 1:
+            at, view = parts[first]
+            head = link.ranges(0, len(view))[0][1]
+            started = time.perf_counter()
+            fill((at, view[:head]))
+            latency = link.latency_of(time.perf_counter() - started, head)
+            parts[first] = (at + head, view[head:])
+        jobs = [(at + low, view[low:high]) for at, view in parts
+                for low, high in link.ranges(0, len(view), latency)]
         self.root.map(fill, jobs)
 
     def stream(self, start: int, end: int) -> Iterator[bytes]:

@@ -12,6 +12,13 @@ from it in the process) from the GETs the reader makes anyway: each answer's tim
 byte and its body's bytes and time, in exponentially weighted averages whose first sample
 replaces the guess made before any (S3's typical 30 ms and 90 MB/s per connection, which give
 S3's recommended 8-16 MB ranges).
+
+Until a data-sized answer has been measured (:attr:`Link.data_measured`), an object of several
+requests is asked for its first request alone, and the rest are sized with that object's own
+latency (:meth:`Link.latency_of`) where it is longer: a store whose every request costs in
+proportion to the object (one that copies the object per ranged GET) then gets a few large
+requests instead of many small ones, and S3, whose latency is the same for any object, the
+ranges it was getting, one request later.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import threading
 from typing import Any
 
 __all__ = [
+    "DATA_SAMPLE_BYTES",
     "DEFAULT_LATENCY_S",
     "DEFAULT_THROUGHPUT",
     "LATENCIES_PER_REQUEST",
@@ -49,6 +57,10 @@ MAX_REQUEST_BYTES = 512 * 1024 * 1024
 #: the measurement misjudges, and for benchmarks (one request per object: ``1 << 40``).
 REQUEST_BYTES: int | None = None
 
+#: A body this long or longer is a data request's: the first one measured ends the probing of
+#: objects' own latency (see the module's docstring).
+DATA_SAMPLE_BYTES = 1024 * 1024
+
 #: Weight of a new sample in the averages.
 _WEIGHT = 0.25
 
@@ -67,6 +79,8 @@ class Link:
         self.throughput = DEFAULT_THROUGHPUT
         #: samples taken of each: 0 means the figure is still the guess
         self.latency_samples = self.throughput_samples = 0
+        #: answers of DATA_SAMPLE_BYTES or more measured
+        self.data_samples = 0
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -89,6 +103,8 @@ class Link:
                 self.latency_s = _average(self.latency_s, max(latency, 0.0),
                                           self.latency_samples)
                 self.latency_samples += 1
+            if nbytes >= DATA_SAMPLE_BYTES:
+                self.data_samples += 1
             if nbytes >= least:
                 transfer = seconds - (first_byte_s if first_byte_s is not None
                                       else self.latency_s)
@@ -96,19 +112,33 @@ class Link:
                 self.throughput = _average(self.throughput, rate, self.throughput_samples)
                 self.throughput_samples += 1
 
-    def request_bytes(self) -> int:
-        """The size of one ranged request now."""
+    @property
+    def data_measured(self) -> bool:
+        """Whether an answer as long as a data request's has been measured (or the size is
+        fixed): until then, an object's own latency is worth a request of its own."""
+        return REQUEST_BYTES is not None or self.data_samples > 0
+
+    def latency_of(self, seconds: float, nbytes: int) -> float:
+        """The latency one answer of ``nbytes`` in ``seconds`` shows: its time less its bytes
+        at the measured throughput."""
+        return max(seconds - nbytes / self.throughput, 0.0)
+
+    def request_bytes(self, latency_s: float | None = None) -> int:
+        """The size of one ranged request now; ``latency_s``: an object's own latency, where
+        it is longer than the link's."""
         if REQUEST_BYTES is not None:
             return REQUEST_BYTES
-        wanted = LATENCIES_PER_REQUEST * self.latency_s * self.throughput
+        latency = max(self.latency_s, latency_s or 0.0)
+        wanted = LATENCIES_PER_REQUEST * latency * self.throughput
         return int(min(max(wanted, MIN_REQUEST_BYTES), MAX_REQUEST_BYTES))
 
-    def ranges(self, start: int, end: int) -> list[tuple[int, int]]:
+    def ranges(self, start: int, end: int, latency_s: float | None = None
+               ) -> list[tuple[int, int]]:
         """``start..end`` in requests of at most :meth:`request_bytes`, of even sizes (no short
         last request paying a whole latency for a few bytes)."""
         if end <= start:
             return []
-        count = math.ceil((end - start) / self.request_bytes())
+        count = math.ceil((end - start) / self.request_bytes(latency_s))
         step = math.ceil((end - start) / count)
         return [(at, min(at + step, end)) for at in range(start, end, step)]
 

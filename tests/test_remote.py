@@ -475,6 +475,16 @@ def test_ranges_are_even_and_an_object_under_one_request_is_one(
     assert link.ranges(5, 5) == []
 
 
+def test_a_measured_size_is_a_balance_not_a_bound() -> None:
+    link = Link()
+    target = link.request_bytes()
+    assert len(link.ranges(0, int(target * 1.05))) == 1  # not two halves for 5% over
+    assert len(link.ranges(0, int(target * 1.6))) == 2
+    assert len(link.ranges(0, int(target * 0.3))) == 1
+    link.latency_s = 10.0  # requests at the ceiling: that stays a bound
+    assert len(link.ranges(0, MAX_REQUEST_BYTES + 1)) == 2
+
+
 def test_one_link_per_store_endpoint() -> None:
     memory = fsspec.filesystem("memory")
     assert link_for(memory) is link_for(fsspec.filesystem("memory", skip_instance_cache=True))

@@ -289,7 +289,7 @@ def _read_remote_file(
     stats.files_opened.append(record.path)
     source = RemoteObject(root, record.path, record.size)
     wanted = sum(byte_size(DTYPES[t.dtype], s.box_shape) or 0 for _, t, s in jobs)
-    if record.size <= min((1 + gap_budget) * wanted, root.link.request_bytes()):
+    if record.size <= (1 + gap_budget) * wanted and len(root.link.ranges(0, record.size)) == 1:
         # Fetching the whole object with one GET asks no more than the budget allows: every
         # box is then copied out of it, no request per run.
         prefix = source.read(0, record.size)

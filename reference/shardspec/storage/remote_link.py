@@ -4,7 +4,8 @@ A ranged request costs a round trip and the store's own work before its first by
 *latency*), then its bytes at the rate one connection carries (the *throughput*). Requests far
 longer than a latency's worth of bytes leave connections idle while the few of them drain;
 requests far shorter pay the latency over and over. So a request asks for about
-:data:`LATENCIES_PER_REQUEST` latencies' worth of bytes, the latency then being a fifth of its
+:data:`LATENCIES_PER_REQUEST` latencies' worth of bytes (an object is cut into the nearest
+whole number of such requests), the latency then being a fifth of its
 time, within :data:`MIN_REQUEST_BYTES`..:data:`MAX_REQUEST_BYTES`.
 
 Both figures are measured per store endpoint (a :class:`Link`, shared by every checkpoint read
@@ -134,11 +135,18 @@ class Link:
 
     def ranges(self, start: int, end: int, latency_s: float | None = None
                ) -> list[tuple[int, int]]:
-        """``start..end`` in requests of at most :meth:`request_bytes`, of even sizes (no short
-        last request paying a whole latency for a few bytes)."""
+        """``start..end`` in requests of even sizes (no short last request paying a whole
+        latency for a few bytes): the whole number of them nearest to :meth:`request_bytes`
+        each, a measured balance rather than a bound (so that a measurement a little under an
+        object's size does not halve its requests), never over :data:`MAX_REQUEST_BYTES`; a
+        fixed :data:`REQUEST_BYTES` is a bound."""
         if end <= start:
             return []
-        count = math.ceil((end - start) / self.request_bytes(latency_s))
+        size, target = end - start, self.request_bytes(latency_s)
+        if REQUEST_BYTES is not None:
+            count = math.ceil(size / target)
+        else:
+            count = max(round(size / target), math.ceil(size / MAX_REQUEST_BYTES), 1)
         step = math.ceil((end - start) / count)
         return [(at, min(at + step, end)) for at in range(start, end, step)]
 

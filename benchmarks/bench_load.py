@@ -540,6 +540,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--procs", type=int, default=None,
                     help="also load every rank of this TP size at once, one process per rank "
                     "(default: the largest --tp; 0: skip)")
+    ap.add_argument("--proc-methods", default=None,
+                    help="the methods of the --procs run, comma-separated (default: all; "
+                    "shardspec and read-fresh always run: the goal compares them)")
     ap.add_argument("--workdir", type=Path, default=None,
                     help="where to write the checkpoints (default: a new temp dir under "
                     "benchmarks/out)")
@@ -563,6 +566,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--repeats must be at least 1")
     if args.procs is None:
         args.procs = max(args.tps)
+    if args.proc_methods is not None:
+        chosen = {m.strip() for m in args.proc_methods.split(",") if m.strip()}
+        unknown = chosen - set(PROC_METHODS)
+        if unknown:
+            ap.error(f"--proc-methods: unknown {sorted(unknown)}; known: {', '.join(PROC_METHODS)}")
+        chosen |= {"shardspec", "read-fresh"}
+        args.proc_methods = tuple(m for m in PROC_METHODS if m in chosen)
     if args.read_threads is not None:
         if args.read_threads < 1:
             ap.error("--read-threads must be at least 1")
@@ -706,6 +716,8 @@ def run_processes(
     ranks = RankProcesses({"device": str(device), "ckpt": str(ckpt), "dims": dims,
                            "baseline": str(workdir / "model.safetensors")}, tp)
     methods = PROC_METHODS if device.type == "cpu" else ("baseline", "shardspec", "read-fresh")
+    if args.proc_methods is not None:
+        methods = tuple(m for m in methods if m in args.proc_methods)
     rows = []
     try:
         for state in args.caches:
@@ -875,8 +887,9 @@ def report(
         print("|---|" + "|".join("---:" for _ in methods) + "|---:|")
         for row in procs:
             m = row["median_s"]
+            speedup = f"{m['baseline'] / m['shardspec']:.2f}x" if "baseline" in m else "n/a"
             print(f"| {row['cache']} | " + " | ".join(f"{m[x]:.3f}" for x in methods)
-                  + f" | {m['baseline'] / m['shardspec']:.2f}x |")
+                  + f" | {speedup} |")
         print("\nread-fresh / shardspec (the goal: >= 0.9): " + ", ".join(
             f"{row['cache']} {row['median_s']['read-fresh'] / row['median_s']['shardspec']:.2f}"
             for row in procs))

@@ -33,10 +33,12 @@ timeout 100 "$PY" -m pytest -q -p no:cacheprovider -W default tests/test_cuda.py
     2>&1 | tee "$OUT/cuda-tests.txt" || status=1
 
 # 2. Staging settings (reads in flight x pinned buffers x MiB) side by side in one process,
-#    warm and cold, TP=1 and TP=8; "default" is shardspec.load.execute's on this machine.
+#    warm and cold, TP=1 and TP=8; "default" is shardspec.load.execute's on this machine,
+#    "-cached" the same reading cold files through the page cache; with the GPU peers and
+#    st-cuda in the same rotation (and no other loader between them).
 step staging settings
-timeout 90 "$PY" benchmarks/bench_staging.py --settings 1x2x64,2x4x32,4x8x16,8x8x32,default \
-    --tp 1,8 --repeats 3 --cache warm,cold --workdir "$WORK/staging" 2>&1 \
+timeout 150 "$PY" benchmarks/bench_staging.py --settings 1x2x64,4x8x16,default,default-cached \
+    --peers --tp 1,8 --repeats 3 --cache warm,cold --workdir "$WORK/staging" 2>&1 \
     | tee "$OUT/staging.txt" || status=1
 
 # 3. The load benchmark on the GPU: warm and cold, TP=1 and TP=8, with the peers.

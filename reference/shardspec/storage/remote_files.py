@@ -118,11 +118,11 @@ class RemoteObject:
             view[:] = self.read(at, at + len(view))
 
         latency = None
-        first = next((i for i, (_, view) in enumerate(parts) if len(view)), None)
-        if first is not None and not link.data_measured and sum(
-                len(link.ranges(0, len(view))) for _, view in parts) > 1:
+        planned = [link.ranges(0, len(view)) for _, view in parts]
+        if not link.data_measured and sum(map(len, planned)) > 1:
+            first = next(i for i, ranges in enumerate(planned) if ranges)
             at, view = parts[first]
-            head = link.ranges(0, len(view))[0][1]
+            head = planned[first][0][1]
             started = time.perf_counter()
             fill((at, view[:head]))
             latency = link.latency_of(time.perf_counter() - started, head)

@@ -4,9 +4,9 @@ A ranged request costs a round trip and the store's own work before its first by
 *latency*), then its bytes at the rate one connection carries (the *throughput*). Requests far
 longer than a latency's worth of bytes leave connections idle while the few of them drain;
 requests far shorter pay the latency over and over. So a request asks for about
-:data:`LATENCIES_PER_REQUEST` latencies' worth of bytes (an object is cut into the nearest
-whole number of such requests), the latency then being a fifth of its
-time, within :data:`MIN_REQUEST_BYTES`..:data:`MAX_REQUEST_BYTES`.
+:data:`LATENCIES_PER_REQUEST` latencies' worth of bytes, the latency then being a fifth of its
+time, within :data:`MIN_REQUEST_BYTES`..:data:`MAX_REQUEST_BYTES`; an object is cut into the
+nearest whole number of such requests.
 
 Both figures are measured per store endpoint (a :class:`Link`, shared by every checkpoint read
 from it in the process) from the GETs the reader makes anyway: each answer's time to its first

@@ -8,7 +8,8 @@ background thread on an OS-chosen port), behind a small WSGI middleware that
 - injects faults by rule, each matching a method and a key (a glob, or a predicate on the key)
   and firing a given number of times: an S3 XML error in place of moto's answer
   (:meth:`S3Server.fail`), a body cut short after N bytes while the headers, Content-Length
-  included, are moto's (:meth:`S3Server.truncate`), or a hook run once moto has answered
+  included, are moto's (:meth:`S3Server.truncate`), a body sent at a given rate, as a slow
+  network carries it (:meth:`S3Server.pace`), or a hook run once moto has answered
   (:meth:`S3Server.on_request`);
 - accepts one access key id only: a request signed with another gets S3's 403
   ``InvalidAccessKeyId``, an unsigned one 403 ``AccessDenied`` (signatures are not verified,
@@ -62,6 +63,7 @@ import functools
 import http.client
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -100,7 +102,7 @@ class Request:
     body_length: int  # bytes of the body moto produced (or of the injected error)
     bytes_sent: int  # bytes of the body that went out: 0 for HEAD, fewer when truncated
     access_key: str | None  # the key id the request was signed with; None when unsigned
-    fault: str | None = None  # "error" or "truncate" when a rule changed the answer
+    fault: str | None = None  # "error", "truncate" or "pace" when a rule changed the answer
 
 
 #: Messages S3 sends with these codes (s3fs matches some: "SlowDown", "pre-conditions").
@@ -124,7 +126,7 @@ class Rule:
     on every match); ``fired`` counts how often it did.
     """
 
-    action: Literal["error", "truncate", "hook"]
+    action: Literal["error", "truncate", "pace", "hook"]
     method: str | None
     key: KeyMatch
     times: int | None = 1
@@ -132,6 +134,7 @@ class Rule:
     code: str = "InternalError"
     message: str | None = None  # None: MESSAGES[code]
     after_bytes: int = 0
+    bytes_per_second: float = 0.0
     hook: Callable[[Request], object] | None = None
     fired: int = 0
 
@@ -232,6 +235,8 @@ class FaultMiddleware:
                 status, headers, sent = error_answer(500, "InternalError", repr(error), resource)
                 break
         start_response(status, headers)
+        if fault is not None and fault.action == "pace":
+            return paced(sent, fault.bytes_per_second)
         return [sent]
 
     def _take_rules(self, method: str, key: str) -> tuple[Rule | None, list[Rule]]:
@@ -265,6 +270,17 @@ class FaultMiddleware:
         headers = [(name, value) for name, value in headers
                    if name.lower() not in ("server", "date")]
         return status, headers, b"".join(chunks)
+
+
+def paced(body: bytes, bytes_per_second: float) -> Iterator[bytes]:
+    """``body`` in pieces, each sent when the rate allows."""
+    piece = 16 * 1024
+    started = time.perf_counter()
+    for at in range(0, len(body), piece):
+        wait = started + at / bytes_per_second - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        yield body[at:at + piece]
 
 
 @functools.cache
@@ -429,6 +445,13 @@ class S3Server:
         """Send moto's status and headers (Content-Length too) but only ``after_bytes`` bytes
         of the body, then close the connection: a connection dropped mid-body."""
         return self._add(Rule("truncate", method, key, times, after_bytes=after_bytes))
+
+    def pace(self, method: str | None, key: KeyMatch, bytes_per_second: float, *,
+             times: int | None = None) -> Rule:
+        """Send the body of matching answers at ``bytes_per_second``, in 16 KiB pieces: one
+        connection of a slower network. A client may close the connection before the end
+        (the log's ``bytes_sent`` is still the body's length)."""
+        return self._add(Rule("pace", method, key, times, bytes_per_second=bytes_per_second))
 
     def on_request(self, method: str | None, key: KeyMatch, hook: Callable[[Request], object], *,
                    times: int | None = 1) -> Rule:

@@ -457,12 +457,30 @@ def test_an_objects_own_latency_sizes_its_requests_where_it_is_longer(
     assert link.request_bytes(latency_s=0.100) == int(4 * 0.100 * 1e9)  # 400 MB
     assert link.request_bytes(latency_s=0.0001) == MIN_REQUEST_BYTES  # the link's, if longer
     assert link.ranges(0, 100_000_000, latency_s=0.100) == [(0, 100_000_000)]
+    # a stream's own first MiB: its rate in place of the link's
+    assert link.request_bytes(latency_s=0.100, throughput=50e6) == int(4 * 0.100 * 50e6)
+    assert len(link.ranges(0, 100_000_000, latency_s=0.100, throughput=50e6)) == 5
     assert not Link().data_measured
     link = Link()
     link.observe(0.002, 500_000, first_byte_s=0.001)  # a body shorter than a data request's
     assert not link.data_measured
     monkeypatch.setattr(remote_link, "REQUEST_BYTES", 1000)
     assert link.data_measured  # a fixed size: nothing to probe
+
+
+def test_data_requests_are_sized_with_the_latency_of_data_sized_answers() -> None:
+    # moto copies an object for each GET: a 140 MiB object's first byte comes after 60 ms, a
+    # manifest's after 2 ms. The manifests' GETs between loads do not shrink the data requests.
+    link = Link()
+    link.observe(0.060 + 0.150, 146_800_640, first_byte_s=0.060)
+    for _ in range(5):
+        link.observe(0.002 + 0.000150, 150_000, first_byte_s=0.002)
+    assert link.latency_s < 0.020
+    assert link.request_latency_s == pytest.approx(0.060)
+    assert link.ranges(0, 146_800_640) == [(0, 146_800_640)]
+    untimed = Link()
+    untimed.observe(0.5, 8_000_000)  # a client that does not time the first byte
+    assert untimed.request_latency_s == untimed.latency_s
 
 
 def test_ranges_are_even_and_an_object_under_one_request_is_one(

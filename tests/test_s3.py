@@ -166,12 +166,12 @@ def test_requests_are_sized_by_the_link_and_ask_every_byte_once(
 
 
 @pytest.mark.parametrize("measured", [False, True])
-def test_before_a_data_request_is_measured_an_objects_first_request_sizes_the_rest(
+def test_before_a_data_request_is_measured_an_object_that_costs_per_request_is_one_get(
         s3_server: S3Server, saved: tuple[str, dict[str, Any], shardspec.Manifest, Path],
         monkeypatch: pytest.MonkeyPatch, measured: bool) -> None:
     # A store whose every request costs 0.2 s before its first byte (as one that copies the
     # object for each ranged GET does), and a link that knows only a fast small answer: the
-    # first request alone shows the object's latency, and the rest is one request.
+    # object's first GET shows its latency, and it goes on alone to the end.
     url, options, manifest, local = saved
     monkeypatch.setattr(remote_link, "_LINKS", {})
     monkeypatch.setattr(remote_link, "MIN_REQUEST_BYTES", 64 * 1024)  # objects of 1.5 MiB
@@ -191,8 +191,46 @@ def test_before_a_data_request_is_measured_an_objects_first_request_sizes_the_re
         assert_same_tensor(loaded[name], expected[name])
     for record in manifest.ranks[0].files:
         gets = s3_server.requests("GET", f"ck/{record.path}")
-        assert len(gets) == (planned[record.path] if measured else 2), record.path
+        assert len(gets) == (planned[record.path] if measured else 1), record.path
         assert s3_server.bytes_requested(f"ck/{record.path}") == record.size
+    assert link.data_measured
+
+
+def test_before_a_data_request_is_measured_a_slow_objects_first_get_is_cut_and_the_rest_ranged(
+        s3_server: S3Server, saved: tuple[str, dict[str, Any], shardspec.Manifest, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Bodies sent at 2 MB/s (one connection of a slow network): the first 64 KiB of each
+    # object's GET measure that, the rest of the object goes out in ranged GETs at once, and
+    # the first GET stops where they begin. No byte is received twice.
+    url, options, manifest, local = saved
+    monkeypatch.setattr(remote_link, "_LINKS", {})
+    monkeypatch.setattr(remote_link, "MIN_REQUEST_BYTES", 64 * 1024)
+    monkeypatch.setattr(remote_link, "DATA_SAMPLE_BYTES", 64 * 1024)
+    checkpoint = shardspec.open(url, storage_options=options)
+    (link,) = remote_link._LINKS.values()
+    link.latency_s = 0.001  # what the manifest's small answer shows: several requests planned
+    assert not link.data_measured
+    assert len(link.ranges(0, manifest.ranks[0].files[0].size)) >= 3
+    s3_server.pace("GET", lambda key: key.endswith(".safetensors"), 2e6)
+    s3_server.clear_log()
+    assert isinstance(checkpoint.path, RemoteRoot)
+    before = checkpoint.path.traffic.bytes_read
+    loaded = checkpoint.load_rank(0, "cpu")
+    expected = shardspec.load_rank(local, 0, "cpu")
+    for name in expected:
+        assert_same_tensor(loaded[name], expected[name])
+    records = manifest.ranks[0].files
+    assert checkpoint.path.traffic.bytes_read - before == sum(r.size for r in records)
+    for record in records:
+        first, *rest = s3_server.requests("GET", f"ck/{record.path}")
+        assert (first.range, first.body_length) == (None, record.size)
+        assert len(rest) >= 2, record.path
+        spans = sorted(tuple(int(x) for x in r.range.removeprefix("bytes=").split("-"))
+                       for r in rest if r.range is not None)
+        assert len(spans) == len(rest)
+        assert spans[-1][1] == record.size - 1
+        assert all(a[1] + 1 == b[0] for a, b in zip(spans, spans[1:], strict=False))
+        assert 64 * 1024 <= spans[0][0] < record.size / 2  # the first GET kept its share
     assert link.data_measured
 
 

@@ -9,6 +9,7 @@ import errno
 import http.client
 import socket
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -111,6 +112,19 @@ def test_truncated_body(s3_server: S3Server, s3_bucket: str) -> None:
     with pytest.raises(aiohttp.ClientPayloadError, match="Not enough data"):
         fs.cat_file(path, start=0, end=100)
     assert len(s3_server.requests("GET")) == 5  # S3FileSystem.retries
+
+
+def test_a_paced_body_arrives_whole_at_its_rate(s3_server: S3Server, s3_bucket: str) -> None:
+    fs = filesystem(s3_server)
+    path = f"{s3_bucket}/obj"
+    data = bytes(range(256)) * 1024  # 256 KiB
+    fs.pipe(path, data)
+    s3_server.clear_log()
+    s3_server.pace("GET", "obj", 1e6)
+    started = time.perf_counter()
+    assert fs.cat_file(path) == data
+    assert time.perf_counter() - started >= 0.24  # 15 pieces after the first, at 1 MB/s
+    assert [r.fault for r in s3_server.requests("GET")] == ["pace"]
 
 
 def test_wrong_access_key_is_permission_error(s3_server: S3Server, s3_bucket: str) -> None:

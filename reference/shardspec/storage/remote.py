@@ -27,8 +27,9 @@ from typing import Any, TypeVar
 
 from ..format.checks import path_problem
 from ..format.errors import Finding, IntegrityError, PathError, ShardspecError, StorageError
+from . import remote_link
 from .remote_link import Link, link_for
-from .remote_s3 import RangeNotSatisfiable, Reported, is_s3, s3_get
+from .remote_s3 import Cut, RangeNotSatisfiable, Reported, is_s3, s3_get, s3_read_into
 
 __all__ = [
     "REQUESTS_IN_FLIGHT",
@@ -232,6 +233,50 @@ class RemoteRoot:
         ``limit`` bytes when it is longer (the caller refuses it then): one request is one
         version of the object. ``check`` as for :meth:`read`."""
         return self._call(relative, None, lambda: self._get(relative, 0, None, limit, check))
+
+    def read_into(self, relative: str, start: int, view: memoryview, whole: bool = False,
+                  check: Callable[[ObjectVersion], None] | None = None,
+                  cut: Cut | None = None) -> int:
+        """Bytes ``start..start+len(view)`` of the object into ``view`` with one request
+        (``whole``: the object, exactly that long, asked without a range); returns how many
+        were kept. ``check`` as for :meth:`read`; a short answer is retried.
+
+        On S3 the body goes straight into ``view`` as it arrives, and ``cut`` (told the bytes
+        in, the seconds to the first byte and so far, once ``DATA_SAMPLE_BYTES`` are in) may
+        keep fewer: the caller asks for the rest. Elsewhere the answer is copied in whole and
+        ``cut`` is not asked."""
+        if not self.answers_carry_versions:
+            view[:] = self.read(relative, start, start + len(view), check)
+            return len(view)
+        key = self.key(relative)
+        kept = len(view)
+
+        def agree(reported: Reported) -> None:
+            if check is not None:
+                check(ObjectVersion(*reported))
+
+        def measured(got: int, first_byte: float, seconds: float) -> int:
+            nonlocal cut, kept
+            assert cut is not None
+            kept, cut = min(kept, cut(got, first_byte, seconds)), None  # once, retries too
+            return kept
+
+        def once() -> int:
+            asked = view[:kept]  # a retry after the cut asks for what the stream kept
+            sample = min(remote_link.DATA_SAMPLE_BYTES, len(asked))
+            _, first_byte, got, seconds = s3_read_into(
+                self.fs, key, start, whole and kept == len(view), asked, agree,
+                None if cut is None else measured, sample)
+            if got < kept:
+                raise _ShortRead(f"the storage sent {got} of {kept} bytes (the object is "
+                                 "shorter than its record, or the connection broke)")
+            self.link.observe(seconds, got, first_byte)
+            with self._traffic_lock:
+                self.traffic.reads += 1
+                self.traffic.bytes_read += got
+            return got
+
+        return self._call(relative, None if whole else (start, start + len(view)), once)
 
     def _get(self, relative: str, start: int, end: int | None, limit: int | None,
              check: Callable[[ObjectVersion], None] | None) -> bytes:

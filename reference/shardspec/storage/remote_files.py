@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
+from functools import partial
 
 from ..format.errors import Finding, IntegrityError
 from ..format.limits import MAX_SAFETENSORS_HEADER_BYTES
@@ -102,34 +103,81 @@ class RemoteObject:
         the link sizes, all at once (the shared pool bounds those in flight). Once ``stop`` is
         set (another file of the load failed), requests not yet sent are not sent.
 
-        Before the link has measured a data request, the first of several requests goes alone
-        and the rest are sized with the latency it shows (``remote_link``'s docstring)."""
+        Before the link has measured a data request, an object of several requests is first
+        measured by its own first request (``remote_link``'s docstring): on S3 a GET of all of
+        the first view, whose first bytes size the requests for the rest, sent while it goes
+        on with the first of them (:meth:`_stream_first`); elsewhere a first request alone."""
         link = self.root.link
         parts: list[tuple[int, memoryview]] = []
         position = start
         for view in views:
             parts.append((position, view))
             position += len(view)
-
-        def fill(job: tuple[int, memoryview]) -> None:
-            if stop is not None and stop.is_set():
-                raise Cancelled(self.relative)
-            at, view = job
-            view[:] = self.read(at, at + len(view))
-
-        latency = None
         planned = [link.ranges(0, len(view)) for _, view in parts]
         if not link.data_measured and sum(map(len, planned)) > 1:
             first = next(i for i, ranges in enumerate(planned) if ranges)
+            if self.root.answers_carry_versions:
+                self._stream_first(parts, first, stop)
+                return
             at, view = parts[first]
             head = planned[first][0][1]
             started = time.perf_counter()
-            fill((at, view[:head]))
+            self._fill((at, view[:head]), stop)
             latency = link.latency_of(time.perf_counter() - started, head)
             parts[first] = (at + head, view[head:])
+            self._fill_all(parts, stop, latency)
+            return
+        self._fill_all(parts, stop)
+
+    def _stream_first(self, parts: list[tuple[int, memoryview]], first: int,
+                      stop: threading.Event | None) -> None:
+        """One GET for all of ``parts[first]``; once its first bytes have measured the link,
+        the rest of it is cut into requests the measurement sizes with this object's own
+        latency, the stream keeping the first of them, and the other parts follow. A store
+        whose requests cost in proportion to the object (one that copies it per GET) keeps
+        one stream; S3 gets its 8-16 MB ranges a latency after the first byte."""
+        if stop is not None and stop.is_set():
+            raise Cancelled(self.relative)
+        at, view = parts[first]
+        others = parts[:first] + parts[first + 1:]
+        pending: list[Future[None]] = []
+
+        def cut(got: int, first_byte_s: float, seconds: float) -> int:
+            rate = got / max(seconds - first_byte_s, 1e-4)
+            rest = self.root.link.ranges(got, len(view), first_byte_s, rate)
+            if len(rest) <= 1:
+                return len(view)
+            jobs = [(at + low, view[low:high]) for low, high in rest[1:]]
+            pool = self.root.pool()
+            pending.extend(pool.submit(self._fill, job, stop) for job in jobs)
+            return rest[0][1]
+
+        try:
+            self.root.read_into(self.relative, at, view, self._whole(at, view), self._agree,
+                                cut)
+            for future in pending:
+                future.result()
+        finally:
+            for future in pending:
+                future.cancel()
+        self._fill_all(others, stop)
+
+    def _fill_all(self, parts: Sequence[tuple[int, memoryview]], stop: threading.Event | None,
+                  latency_s: float | None = None) -> None:
+        link = self.root.link
         jobs = [(at + low, view[low:high]) for at, view in parts
-                for low, high in link.ranges(0, len(view), latency)]
-        self.root.map(fill, jobs)
+                for low, high in link.ranges(0, len(view), latency_s)]
+        self.root.map(partial(self._fill, stop=stop), jobs)
+
+    def _fill(self, job: tuple[int, memoryview], stop: threading.Event | None) -> None:
+        if stop is not None and stop.is_set():
+            raise Cancelled(self.relative)
+        at, view = job
+        self.root.read_into(self.relative, at, view, self._whole(at, view), self._agree)
+
+    def _whole(self, at: int, view: memoryview) -> bool:
+        """Whether a request is for the whole object: asked without a range, one version."""
+        return at == 0 and len(view) == self.size
 
     def stream(self, start: int, end: int) -> Iterator[bytes]:
         """Bytes ``start..end`` in order, request by request, the next ones already asked."""

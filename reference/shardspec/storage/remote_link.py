@@ -12,14 +12,20 @@ Both figures are measured per store endpoint (a :class:`Link`, shared by every c
 from it in the process) from the GETs the reader makes anyway: each answer's time to its first
 byte and its body's bytes and time, in exponentially weighted averages whose first sample
 replaces the guess made before any (S3's typical 30 ms and 90 MB/s per connection, which give
-S3's recommended 8-16 MB ranges).
+S3's recommended 8-16 MB ranges). Data requests are sized with the latency of data-sized
+answers once one is measured: a store that answers a small object (a manifest) sooner than a
+large one would otherwise have its data cut into more requests after every small GET.
 
 Until a data-sized answer has been measured (:attr:`Link.data_measured`), an object of several
-requests is asked for its first request alone, and the rest are sized with that object's own
-latency (:meth:`Link.latency_of`) where it is longer: a store whose every request costs in
-proportion to the object (one that copies the object per ranged GET) then gets a few large
-requests instead of many small ones, and S3, whose latency is the same for any object, the
-ranges it was getting, one request later.
+requests is measured by its own first GET, and the rest are sized with that object's own
+latency where it is longer than the link's: a store whose every request costs in proportion to
+the object (one that copies the object per ranged GET) then gets a few large requests instead
+of many small ones, and S3, whose latency is the same for any object, the ranges it would have
+got. On S3 that GET asks for the whole object, and its first :data:`DATA_SAMPLE_BYTES` give the
+latency and throughput that size the rest, which follow in ranged GETs while it goes on to
+where they begin (``RemoteObject.read_into``); the link learns from the whole answer.
+Elsewhere the first request goes alone, and :meth:`Link.latency_of` takes the latency out of
+its time.
 """
 
 from __future__ import annotations
@@ -82,10 +88,15 @@ class Link:
         self.latency_samples = self.throughput_samples = 0
         #: answers of DATA_SAMPLE_BYTES or more measured
         self.data_samples = 0
+        #: the latency of those answers alone, where the client times the first byte: it sizes
+        #: data requests (a store may answer a small object sooner than a large one)
+        self.data_latency_s = DEFAULT_LATENCY_S
+        self.data_latency_samples = 0
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return (f"Link(latency {self.latency_s * 1e3:.1f} ms, "
+                f"of data requests {self.request_latency_s * 1e3:.1f} ms, "
                 f"{self.throughput / 1e6:.0f} MB/s, requests of "
                 f"{self.request_bytes() / 2**20:.1f} MiB)")
 
@@ -106,6 +117,10 @@ class Link:
                 self.latency_samples += 1
             if nbytes >= DATA_SAMPLE_BYTES:
                 self.data_samples += 1
+                if first_byte_s is not None:
+                    self.data_latency_s = _average(self.data_latency_s, max(first_byte_s, 0.0),
+                                                   self.data_latency_samples)
+                    self.data_latency_samples += 1
             if nbytes >= least:
                 transfer = seconds - (first_byte_s if first_byte_s is not None
                                       else self.latency_s)
@@ -119,22 +134,29 @@ class Link:
         fixed): until then, an object's own latency is worth a request of its own."""
         return REQUEST_BYTES is not None or self.data_samples > 0
 
+    @property
+    def request_latency_s(self) -> float:
+        """The latency that sizes a data request: that of data-sized answers once one is
+        measured, else that of any answer."""
+        return self.data_latency_s if self.data_latency_samples else self.latency_s
+
     def latency_of(self, seconds: float, nbytes: int) -> float:
         """The latency one answer of ``nbytes`` in ``seconds`` shows: its time less its bytes
         at the measured throughput."""
         return max(seconds - nbytes / self.throughput, 0.0)
 
-    def request_bytes(self, latency_s: float | None = None) -> int:
+    def request_bytes(self, latency_s: float | None = None,
+                      throughput: float | None = None) -> int:
         """The size of one ranged request now; ``latency_s``: an object's own latency, where
-        it is longer than the link's."""
+        it is longer than the link's; ``throughput``: one measured in place of the link's."""
         if REQUEST_BYTES is not None:
             return REQUEST_BYTES
-        latency = max(self.latency_s, latency_s or 0.0)
-        wanted = LATENCIES_PER_REQUEST * latency * self.throughput
+        latency = max(self.request_latency_s, latency_s or 0.0)
+        wanted = LATENCIES_PER_REQUEST * latency * (throughput or self.throughput)
         return int(min(max(wanted, MIN_REQUEST_BYTES), MAX_REQUEST_BYTES))
 
-    def ranges(self, start: int, end: int, latency_s: float | None = None
-               ) -> list[tuple[int, int]]:
+    def ranges(self, start: int, end: int, latency_s: float | None = None,
+               throughput: float | None = None) -> list[tuple[int, int]]:
         """``start..end`` in requests of even sizes (no short last request paying a whole
         latency for a few bytes): the whole number of them nearest to :meth:`request_bytes`
         each, a measured balance rather than a bound (so that a measurement a little under an
@@ -142,7 +164,7 @@ class Link:
         fixed :data:`REQUEST_BYTES` is a bound."""
         if end <= start:
             return []
-        size, target = end - start, self.request_bytes(latency_s)
+        size, target = end - start, self.request_bytes(latency_s, throughput)
         if REQUEST_BYTES is not None:
             count = math.ceil(size / target)
         else:

@@ -14,13 +14,26 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["RangeNotSatisfiable", "S3Answer", "is_s3", "s3_get"]
+__all__ = ["Cut", "RangeNotSatisfiable", "S3Answer", "S3Streamed", "is_s3", "s3_get",
+           "s3_read_into"]
 
 #: The size the store reports and the version fields, as in ``ObjectVersion``.
 Reported = tuple[int, tuple[tuple[str, str], ...]]
 
 #: (body, what the store reported, seconds to the first byte)
 S3Answer = tuple[bytes, Reported, float]
+
+
+#: (what the store reported, seconds to the first byte, bytes read, seconds in all)
+S3Streamed = tuple[Reported, float, int, float]
+
+#: Told (bytes read so far, seconds to the first byte, seconds so far) once, returns how many
+#: bytes the stream still keeps in all: fewer than asked ends it early.
+Cut = Callable[[int, float, float], int]
+
+
+#: Bytes taken from an answer's body at a time: the client's buffered part, up to this.
+_BODY_READ_BYTES = 4 * 1024 * 1024
 
 
 class RangeNotSatisfiable(Exception):
@@ -43,37 +56,85 @@ def s3_get(fs: Any, path: str, start: int, end: int | None, limit: int | None,
     keys). Failures are s3fs's errors (``translate_boto_error``: FileNotFoundError for a missing
     key, PermissionError for a refusal); retrying is the caller's (``RemoteRoot._call``).
     """
-    from botocore.exceptions import ClientError  # noqa: PLC0415 - with s3fs, only for S3
-    from fsspec.asyn import sync  # noqa: PLC0415
-    from s3fs.errors import translate_boto_error  # noqa: PLC0415
+    async def call_and_read() -> S3Answer:
+        body, reported, first_byte, _ = await _answer(fs, path, start, end, check)
+        try:
+            data = await (body.read() if limit is None else _read_at_most(body, limit))
+        finally:
+            body.close()
+        return bytes(data), reported, first_byte
 
+    answer: S3Answer = _run(fs, call_and_read, start)
+    return answer
+
+
+def s3_read_into(fs: Any, path: str, start: int, whole: bool, view: memoryview,
+                 check: Callable[[Reported], None] | None, cut: Cut | None = None,
+                 cut_after: int = 0) -> S3Streamed:
+    """One GET of bytes ``start..start+len(view)`` (``whole``: the object, without ``Range``),
+    its body read straight into ``view`` as it arrives. ``check`` as for :func:`s3_get`.
+
+    ``cut``, once ``cut_after`` bytes (or all) are in, may keep fewer than asked: the stream
+    stops there and its connection is closed (the caller asks for the rest elsewhere). Fewer
+    bytes than kept means the body broke off: the caller retries."""
+    async def call_and_stream() -> S3Streamed:
+        end = None if whole else start + len(view)
+        body, reported, first_byte, started = await _answer(fs, path, start, end, check)
+        kept, got, asked = len(view), 0, cut is not None
+        try:
+            while got < kept:
+                part = await body.read(min(kept - got, _BODY_READ_BYTES))
+                if not part:
+                    break
+                view[got:got + len(part)] = part
+                got += len(part)
+                if asked and (got >= cut_after or got == kept):
+                    assert cut is not None
+                    asked = False
+                    kept = min(kept, cut(got, first_byte, time.perf_counter() - started))
+        finally:
+            body.close()  # before the end of the body: the connection is dropped, not reused
+        return reported, first_byte, got, time.perf_counter() - started
+
+    streamed: S3Streamed = _run(fs, call_and_stream, start)
+    return streamed
+
+
+async def _answer(fs: Any, path: str, start: int, end: int | None,
+                  check: Callable[[Reported], None] | None) -> tuple[Any, Reported, float, float]:
+    """A GET's body, unread, once ``check`` has accepted what the answer reports; the seconds
+    to its first byte; the time it was asked (``perf_counter``)."""
     bucket, key, version_id = fs.split_path(path)
     head: dict[str, str] = {}
     if end is not None:
         head["Range"] = f"bytes={start}-{end - 1}"
     if version_id:
         head["VersionId"] = version_id
+    await fs.set_session()
+    client = await fs.get_s3(bucket)
+    started = time.perf_counter()
+    answer = await client.get_object(Bucket=bucket, Key=key,
+                                     **_get_object_options(client, fs), **head)
+    first_byte = time.perf_counter() - started
+    body = answer["Body"]
+    try:
+        reported = _reported(answer)
+        if check is not None:
+            check(reported)
+    except BaseException:
+        body.close()
+        raise
+    return body, reported, first_byte, started
 
-    async def call_and_read() -> S3Answer:
-        await fs.set_session()
-        client = await fs.get_s3(bucket)
-        started = time.perf_counter()
-        answer = await client.get_object(Bucket=bucket, Key=key,
-                                         **_get_object_options(client, fs), **head)
-        first_byte = time.perf_counter() - started
-        body = answer["Body"]
-        try:
-            reported = _reported(answer)
-            if check is not None:
-                check(reported)
-            data = await (body.read() if limit is None else _read_at_most(body, limit))
-        finally:
-            body.close()
-        return bytes(data), reported, first_byte
+
+def _run(fs: Any, call: Callable[[], Any], start: int) -> Any:
+    """``call`` on s3fs's event loop; errors as s3fs reports them."""
+    from botocore.exceptions import ClientError  # noqa: PLC0415 - with s3fs, only for S3
+    from fsspec.asyn import sync  # noqa: PLC0415
+    from s3fs.errors import translate_boto_error  # noqa: PLC0415
 
     try:
-        answer: S3Answer = sync(fs.loop, call_and_read)
-        return answer
+        return sync(fs.loop, call)
     except Exception as exc:
         if _status(exc) == 416:
             raise RangeNotSatisfiable(start) from None

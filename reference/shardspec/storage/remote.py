@@ -270,10 +270,7 @@ class RemoteRoot:
             if got < kept:
                 raise _ShortRead(f"the storage sent {got} of {kept} bytes (the object is "
                                  "shorter than its record, or the connection broke)")
-            self.link.observe(seconds, got, first_byte)
-            with self._traffic_lock:
-                self.traffic.reads += 1
-                self.traffic.bytes_read += got
+            self._answered(seconds, got, first_byte)
             return got
 
         return self._call(relative, None if whole else (start, start + len(view)), once)
@@ -294,11 +291,15 @@ class RemoteRoot:
         else:
             stop = end if end is not None else start + (limit or 0)
             data = bytes(self.fs.cat_file(key, start=start, end=stop))
-        self.link.observe(time.perf_counter() - started, len(data), first_byte)
+        self._answered(time.perf_counter() - started, len(data), first_byte)
+        return data
+
+    def _answered(self, seconds: float, nbytes: int, first_byte_s: float | None) -> None:
+        """One GET answered: the link learns from it, and the traffic counts it."""
+        self.link.observe(seconds, nbytes, first_byte_s)
         with self._traffic_lock:
             self.traffic.reads += 1
-            self.traffic.bytes_read += len(data)
-        return data
+            self.traffic.bytes_read += nbytes
 
     def map(self, work: Callable[[T], None], items: Sequence[T]) -> None:
         """``work`` on every item, :data:`REQUESTS_IN_FLIGHT` at once; the first error raised."""

@@ -23,14 +23,12 @@ Reported = tuple[int, tuple[tuple[str, str], ...]]
 #: (body, what the store reported, seconds to the first byte)
 S3Answer = tuple[bytes, Reported, float]
 
-
 #: (what the store reported, seconds to the first byte, bytes read, seconds in all)
 S3Streamed = tuple[Reported, float, int, float]
 
 #: Told (bytes read so far, seconds to the first byte, seconds so far) once, returns how many
 #: bytes the stream still keeps in all: fewer than asked ends it early.
 Cut = Callable[[int, float, float], int]
-
 
 #: Bytes taken from an answer's body at a time: the client's buffered part, up to this.
 _BODY_READ_BYTES = 4 * 1024 * 1024

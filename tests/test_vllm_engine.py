@@ -96,6 +96,14 @@ def test_converted_checkpoint_serves_at_any_tp(converted: dict[int, Path], auto:
     assert len(read) == engine_tp
     if engine_tp > 1:  # each worker reads its share of the split weights, not the whole
         assert all(r < 0.6 * data for r in read), (read, data)
+    # A box that one piece holds is a view of the mapped file; only boxes across pieces are
+    # read: every split weight's at TP 1 from TP 2, else at most the embedding's and the LM
+    # head's (vLLM's runs of the vocabulary are padded to 64 rows, convert's are even).
+    boxes = [(int(mapped), int(read)) for mapped, read in re.findall(
+        r"shardspec: (\d+) boxes mapped from the data files, (\d+) read", got.log)]
+    assert len(boxes) == engine_tp
+    across = ckpt_tp > engine_tp
+    assert all(mapped > 0 and (read > 2 if across else read <= 2) for mapped, read in boxes), boxes
 
 
 def test_openai_server_serves_a_tp4_checkpoint_at_tp2(converted: dict[int, Path],

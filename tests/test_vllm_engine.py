@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -104,6 +105,26 @@ def test_converted_checkpoint_serves_at_any_tp(converted: dict[int, Path], auto:
     assert len(boxes) == engine_tp
     across = ckpt_tp > engine_tp
     assert all(mapped > 0 and (read > 2 if across else read <= 2) for mapped, read in boxes), boxes
+
+
+def test_boxes_mapped_and_read_with_verify_serve(converted: dict[int, Path], auto: Baseline,
+                                                 tmp_path: Path) -> None:
+    """``verify`` on the box path: at TP 2 from TP 4 the key/value boxes are mapped (one
+    piece holds each) and the rest read across two pieces, every source file hashed: a byte
+    flipped in one is refused."""
+    got = generate(converted[4], "shardspec", tp=2, extra={"verify": True})
+    _same(got, auto(2))
+    boxes = re.findall(r"shardspec: (\d+) boxes mapped from the data files, (\d+) read", got.log)
+    assert len(boxes) == 2 and all(int(m) > 0 and int(r) > 0 for m, r in boxes), boxes
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(converted[4], corrupt)
+    victim = corrupt / shardspec.open(corrupt).manifest.files_of(0)[0].path
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 0xFF  # the last byte of a tensor: the header still parses, the digest differs
+    victim.write_bytes(bytes(data))
+    with pytest.raises(EngineError) as failed:
+        generate(corrupt, "shardspec", tp=2, extra={"verify": True}, generate=False)
+    assert "checksum-mismatch" in failed.value.log
 
 
 def test_openai_server_serves_a_tp4_checkpoint_at_tp2(converted: dict[int, Path],

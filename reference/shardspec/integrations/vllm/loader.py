@@ -182,8 +182,10 @@ def global_tensors(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
                        expert=data in experts)
         wanted[name] = (data, box)
         boxes[data] = _bounding(boxes[data], box) if data in boxes else box
+    hashed: set[str] = set()  # with verify, each source file is hashed once, by either path
     pieces = {} if checkpoint.is_remote else _mapped_boxes(checkpoint, records, boxes,
-                                                          verify=verify, stats=stats)
+                                                          verify=verify, stats=stats,
+                                                          hashed=hashed)
     rest = {name: box for name, box in boxes.items() if name not in pieces}
     logger.info("shardspec: %d boxes mapped from the data files, %d read", len(pieces),
                 len(rest))
@@ -193,7 +195,7 @@ def global_tensors(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
         # (REMOTE_GAP_BUDGET from object storage).
         pieces.update(execute_reshard(checkpoint.path, manifest, plan_boxes(manifest, rest),
                                       torch.device("cpu"), verify=verify, stats=stats,
-                                      local_gap_budget=LOCAL_GAP_BUDGET))
+                                      verified=hashed, local_gap_budget=LOCAL_GAP_BUDGET))
     poison = os.environ.get(CHECK_BOXES_ENV) == "1"
     for name, (data, box) in wanted.items():
         record = records[data]
@@ -202,8 +204,8 @@ def global_tensors(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
 
 
 def _mapped_boxes(checkpoint: Checkpoint, records: dict[str, TensorRecord],
-                  boxes: dict[str, Box], *, verify: bool, stats: ReadStats | None
-                  ) -> dict[str, torch.Tensor]:
+                  boxes: dict[str, Box], *, verify: bool, stats: ReadStats | None,
+                  hashed: set[str]) -> dict[str, torch.Tensor]:
     """Name -> its box as a view of the mapped data file, for each box that one piece holds
     whole (every box where the engine's layout is the checkpoint's, or a multiple of it).
 
@@ -211,7 +213,8 @@ def _mapped_boxes(checkpoint: Checkpoint, records: dict[str, TensorRecord],
     into their parameters, once, as its own loaders copy out of safetensors' mappings. Reading
     into new memory first cost a second pass over fresh pages (on a 2-core VM, 0.75 s of a TP=2
     worker's 1.0 s). The checkpoint ranks whose pieces are used are opened as a load of the
-    rank with ``mmap=True`` opens them: every header checked against the manifest.
+    rank with ``mmap=True`` opens them: every header checked against the manifest, and with
+    ``verify`` every file hashed whole (its path is added to ``hashed``).
     """
     holders: dict[str, tuple[int, tuple[int, ...]]] = {}  # name -> (rank, box start in piece)
     options = {name: _pieces_holding(records[name], box) for name, box in boxes.items()}
@@ -225,8 +228,11 @@ def _mapped_boxes(checkpoint: Checkpoint, records: dict[str, TensorRecord],
     for name, (rank, within) in holders.items():
         if rank not in mapped:
             mapped[rank] = checkpoint.load_rank(rank, "cpu", verify=verify, mmap=True)
+            files = [f.path for f in checkpoint.manifest.files_of(rank)]
+            if verify:
+                hashed.update(files)
             if stats is not None:
-                stats.files_opened += [str(f.path) for f in checkpoint.manifest.files_of(rank)]
+                stats.files_opened += files
         shape = boxes[name][1]
         view = mapped[rank][name][tuple(
             slice(w, w + n) for w, n in zip(within, shape, strict=True))]

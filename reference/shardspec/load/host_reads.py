@@ -20,10 +20,11 @@ import os
 import torch
 
 from .host_memory import PAGE_BYTES, fresh_buffer, whole_pages
-from .reads import in_page_cache, open_direct, pread_direct, pread_parallel
+from .reads import open_direct, page_cache_share, pread_direct, pread_parallel
 
-__all__ = ["DIRECT_CHUNK_BYTES", "DIRECT_HUGE_PAGES", "DIRECT_MIN_BYTES", "DIRECT_READS",
-           "DIRECT_READS_IN_FLIGHT", "direct_descriptor", "read_region"]
+__all__ = ["DIRECT_BELOW_CACHED_SHARE", "DIRECT_CHUNK_BYTES", "DIRECT_HUGE_PAGES",
+           "DIRECT_MIN_BYTES", "DIRECT_READS", "DIRECT_READS_IN_FLIGHT", "direct_descriptor",
+           "read_region"]
 
 
 def _direct_reads_setting() -> bool:
@@ -54,6 +55,12 @@ DIRECT_CHUNK_BYTES = 1024 * 1024
 #: Pages of a region probed to decide whether the page cache holds it.
 CACHE_PROBES = 8
 
+#: A region is read directly when the cache holds less than this share of its probed pages.
+#: A file the cache holds can miss a page here and there (reclaimed under memory pressure, or
+#: refused while it carries a readahead mark), and reading such a file from the device took
+#: up to twice as long as through the cache (``benchmarks/README.md``).
+DIRECT_BELOW_CACHED_SHARE = 0.5
+
 
 def read_region(fd: int, position: int, count: int, path: str, *, threads: int,
                 chunk: int) -> torch.Tensor:
@@ -83,9 +90,10 @@ def read_region(fd: int, position: int, count: int, path: str, *, threads: int,
 
 def direct_descriptor(fd: int, position: int, count: int) -> int | None:
     """A direct descriptor of ``fd``'s file when its region of ``count`` bytes from
-    ``position`` is large and not in the page cache, else None. The caller closes it."""
+    ``position`` is large and mostly not in the page cache, else None. The caller closes it."""
     if not DIRECT_READS or count < DIRECT_MIN_BYTES:
         return None
-    if in_page_cache(fd, position, count, samples=CACHE_PROBES) is not False:
+    share = page_cache_share(fd, position, count, samples=CACHE_PROBES)
+    if share is None or share >= DIRECT_BELOW_CACHED_SHARE:
         return None
     return open_direct(fd)

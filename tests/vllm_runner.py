@@ -5,6 +5,13 @@ torch live there. Usage: ``python vllm_runner.py '{"model": DIR, "load_format": 
 "tp": 2, "pp": 1, "extra": {...}, "prompts": [[1, 2, 3]], "max_tokens": 8}'``. The last line
 of stdout is ``RESULT {"tokens": [[...]], "logprobs": [[...]], "seconds": ...}``; on an error
 the engine's own message is in stderr and the exit status is non-zero.
+
+``"time_load": true`` times every worker's ``load_weights`` the same way, whatever the load
+format (not every loader logs its own time): each worker prints
+``LOAD_WEIGHTS {"seconds": ..., "peak_rss_mib": ...}``, the peak from the worker's
+``VmHWM`` after vLLM's ``load_model``. vLLM's processes are started by multiprocessing's
+spawn, which imports this file in each of them: the wrapper is installed there from
+:data:`TIME_LOAD_ENV`.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ import json
 import os
 import sys
 import time
+
+TIME_LOAD_ENV = "SHARDSPEC_RUNNER_TIME_LOAD"
 
 
 def main() -> None:
@@ -24,6 +33,9 @@ def main() -> None:
                               "|".join(str(i % (os.cpu_count() or 1)) for i in range(tp * pp)))
     from vllm import LLM, SamplingParams
 
+    if request.get("time_load"):
+        os.environ[TIME_LOAD_ENV] = "1"  # for workers started by spawn, which import this file
+        _time_load_weights()
     started = time.perf_counter()
     llm = LLM(model=request["model"], load_format=request.get("load_format", "auto"),
               tensor_parallel_size=tp, pipeline_parallel_size=pp,
@@ -31,6 +43,8 @@ def main() -> None:
               quantization=request.get("quantization"),
               skip_tokenizer_init=True, max_model_len=128, enforce_eager=True,
               dtype=request.get("dtype", "bfloat16"), seed=0,
+              **({"safetensors_load_strategy": request["safetensors_load_strategy"]}
+                 if request.get("safetensors_load_strategy") else {}),
               distributed_executor_backend="mp" if tp * pp > 1 else None)
     seconds = time.perf_counter() - started
     if not request.get("generate", True):  # the load alone (vLLM's CPU build cannot run PP)
@@ -47,5 +61,35 @@ def main() -> None:
                                   "seconds": seconds}), flush=True)
 
 
+def _time_load_weights() -> None:
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    load_model = BaseModelLoader.load_model
+
+    def timed_load_model(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        inner = self.load_weights
+        seconds = []
+
+        def load_weights(model, model_config):  # type: ignore[no-untyped-def]
+            started = time.perf_counter()
+            inner(model, model_config)
+            seconds.append(time.perf_counter() - started)
+
+        self.load_weights = load_weights
+        try:
+            return load_model(self, *args, **kwargs)
+        finally:
+            del self.load_weights
+            with open("/proc/self/status") as status:
+                peak = next(int(line.split()[1]) for line in status
+                            if line.startswith("VmHWM:"))
+            print("LOAD_WEIGHTS " + json.dumps({"seconds": sum(seconds),
+                                                "peak_rss_mib": peak / 1024}), flush=True)
+
+    BaseModelLoader.load_model = timed_load_model
+
+
 if __name__ == "__main__":
     main()
+elif os.environ.get(TIME_LOAD_ENV) == "1":  # a vLLM process started by spawn
+    _time_load_weights()

@@ -18,13 +18,15 @@ from __future__ import annotations
 import io
 import mmap
 from contextlib import suppress
+from functools import cache
+from typing import Any
 
 import torch
 
 from ..format.errors import Finding, SafetensorsError
 
-__all__ = ["HUGE_PAGE_BYTES", "PAGE_BYTES", "USE_HUGE_PAGES", "fresh_buffer", "map_file",
-           "whole_pages"]
+__all__ = ["HUGE_PAGE_BYTES", "PAGE_BYTES", "USE_HUGE_PAGES", "advise_huge_pages", "fresh_buffer",
+           "map_file", "whole_pages"]
 
 #: The address alignment :func:`fresh_buffer` can be asked for: a page (direct I/O needs it).
 PAGE_BYTES = mmap.PAGESIZE
@@ -67,6 +69,37 @@ def fresh_buffer(nbytes: int, *, page_aligned: bool = False, huge_pages: bool | 
         with suppress(OSError):
             mapping.madvise(_MADV_HUGEPAGE)
     return torch.frombuffer(mapping, dtype=torch.uint8)
+
+
+def advise_huge_pages(tensor: torch.Tensor) -> bool:
+    """Advise the whole huge pages inside ``tensor``'s storage (host memory someone else
+    allocated, not yet touched) for transparent huge pages; False where nothing was advised
+    (too small, not Linux, THP off)."""
+    if _MADV_HUGEPAGE is None or tensor.device.type != "cpu":
+        return False
+    storage = tensor.untyped_storage()
+    start = -(-storage.data_ptr() // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+    end = (storage.data_ptr() + storage.nbytes()) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+    if end <= start:
+        return False
+    return _madvise(start, end - start, _MADV_HUGEPAGE)
+
+
+@cache
+def _libc() -> Any:
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
+def _madvise(address: int, length: int, advice: int) -> bool:
+    libc = _libc()
+    return libc is not None and bool(libc.madvise(address, length, advice) == 0)
 
 
 def _torch_buffer(nbytes: int, page_aligned: bool) -> torch.Tensor:

@@ -33,6 +33,7 @@ from vllm.config.load import LoadConfig
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
+from ...format.dtypes import DTYPES, torch_layout
 from ...format.errors import Finding, error_for
 from ...format.experts import find_experts
 from ...format.manifest import Alias, Manifest, TensorRecord
@@ -43,7 +44,11 @@ from ...reshard.plan import Box
 from ...reshard.regions import plan_boxes
 from .layouts import EngineRank, check_quantization, own_rank, refuse_rank_local
 from .options import LoaderOptions
+from .placements import PlacementError, PlacementPlan, lower, own_layout_plan
+from .plan_cache import load_plan, plan_key, store_plan
+from .recorder import RecordingFailed, StandIn, record
 from .regions import Heads, plan_for, vllm_box
+from .replay import replay
 from .state import save_worker_state
 
 __all__ = ["ShardspecModelLoader"]
@@ -75,29 +80,120 @@ class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has n
         own = own_rank(checkpoint.manifest, rank)
         whole_rank = own is not None and _names_fit(checkpoint.manifest, model)
         if own is not None and whole_rank:  # vLLM's names at the engine's own layout
-            load_own_rank(checkpoint, own, model, _model_device(model), self.options.verify)
-            files = checkpoint.manifest.files_of(own)
-            stats.files_opened = [f.path for f in files]
-            stats.data_bytes = sum(f.size for f in files)
+            if checkpoint.is_remote:
+                load_own_rank(checkpoint, own, model, _model_device(model), self.options.verify)
+                files = checkpoint.manifest.files_of(own)
+                stats.files_opened = [f.path for f in files]
+                stats.data_bytes = sum(f.size for f in files)
+            else:
+                place_own_rank(checkpoint, own, model, verify=self.options.verify, stats=stats)
         else:
             refuse_rank_local(checkpoint.manifest, rank)
             config = model_config.hf_config.to_dict()
-            load: Any = model.load_weights  # the vLLM model's own, which nn.Module does not type
-            loaded = load(global_tensors(
-                checkpoint, model, rank, config, verify=self.options.verify, stats=stats))
-            _check_all_loaded(model, loaded, checkpoint)
+            if checkpoint.is_remote:
+                load: Any = model.load_weights  # the vLLM model's own; nn.Module has no type
+                loaded = load(global_tensors(
+                    checkpoint, model, rank, config, verify=self.options.verify, stats=stats))
+                _check_all_loaded(model, loaded, checkpoint)
+            else:
+                self._place(checkpoint, model, rank, config, stats)
         seconds = time.perf_counter() - started
         logger.info("Loading weights took %.2f seconds", seconds)
         logger.info("shardspec: worker tp_rank=%d pp_rank=%d read %d bytes of data from %d "
                     "files (%s)", rank.tp_rank, rank.pp_rank, stats.data_bytes,
                     len(set(stats.files_opened)),
-                    f"checkpoint rank {own}, whole" if whole_rank else "boxes, resharded on load")
+                    f"checkpoint rank {own}, whole" if whole_rank else "resharded on load")
         if self.options.save_to is not None:
             save_worker_state(model, checkpoint, rank, self.options.save_to)
+
+    def _place(self, checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
+               config: dict[str, Any], stats: ReadStats) -> None:
+        """Read the worker's bytes straight into the model's parameters by a placement plan:
+        cached, or recorded now by running ``load_weights`` once on stand-ins. Tensors the
+        plan cannot place go through ``load_weights`` as before, logged by name."""
+        targets = _targets(model)
+        stand_ins = _stand_ins(checkpoint.manifest, model)
+        key = plan_key(_key_parts(checkpoint, model, rank, config, targets))
+        directory = self.options.plan_cache_dir()
+        started = time.perf_counter()
+        plan = None if directory is None else load_plan(directory, key)
+        how = "from the cache"
+        if plan is None:
+            plan = _record_plan(checkpoint, model, stand_ins, targets)
+            how = f"recorded in {time.perf_counter() - started:.2f} s"
+            stored = None if directory is None else store_plan(directory, key, plan)
+            if stored is not None:
+                how += f", cached at {stored}"
+        logger.info("shardspec: placement plan %s: %d reads into %d parameters, %d tensors "
+                    "through load_weights", how, len(plan.reads),
+                    len({r.target for r in plan.reads}), len(plan.fallback))
+        replay(checkpoint.path, checkpoint.manifest, plan, targets,  # type: ignore[arg-type]
+               verify=self.options.verify, stats=stats,
+               poison=os.environ.get(CHECK_BOXES_ENV) == "1")
+        if plan.fallback:
+            for name, why in sorted(plan.fallback.items()):
+                logger.info("shardspec: %s goes through load_weights: %s", name, why)
+            load: Any = model.load_weights
+            load(global_tensors(checkpoint, model, rank, config, verify=self.options.verify,
+                                stats=stats, only=set(plan.fallback)))
 
     def _open(self, model_config: ModelConfig) -> Checkpoint:
         path = getattr(model_config, "model_weights", None) or model_config.model
         return open_checkpoint(path, ignore_extensions=self.options.ignore_extensions)
+
+
+def _targets(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's parameters and buffers by name, shared ones under each name."""
+    out: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+    out.update(model.named_buffers(remove_duplicate=False))
+    return out
+
+
+def _stand_ins(manifest: Manifest, model: nn.Module) -> list[StandIn]:
+    """What ``load_weights`` is handed, as :func:`global_tensors` hands it: every tensor of
+    the worker's pipeline stage, in the torch layout of its global shape."""
+    from vllm.model_executor.models.utils import is_pp_missing_parameter
+
+    out = []
+    for name, entry in manifest.tensors.items():
+        if is_pp_missing_parameter(name, model):
+            continue
+        data = entry.alias_of if isinstance(entry, Alias) else name
+        record = manifest.tensors[data]
+        assert isinstance(record, TensorRecord) and record.shape is not None
+        dtype, shape = torch_layout(DTYPES[record.dtype], record.shape)
+        out.append(StandIn(name, data, shape, dtype))
+    return out
+
+
+def _key_parts(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
+               config: dict[str, Any], targets: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """Everything a placement plan depends on (:func:`.plan_cache.plan_key`)."""
+    import vllm
+
+    from ... import __version__
+
+    return {"vllm": vllm.__version__, "shardspec": __version__,
+            "model": f"{type(model).__module__}.{type(model).__qualname__}", "config": config,
+            "targets": [[n, list(t.shape), str(t.dtype), t.storage_offset()]
+                        for n, t in targets.items()],
+            "rank": [rank.tp_size, rank.tp_rank, rank.pp_size, rank.pp_rank,
+                     rank.expert_parallel],
+            "manifest": checkpoint.manifest_sha256 or checkpoint.manifest.to_dict()}
+
+
+def _record_plan(checkpoint: Checkpoint, model: nn.Module, stand_ins: list[StandIn],
+                 targets: dict[str, torch.Tensor]) -> PlacementPlan:
+    """Record where ``load_weights`` puts each tensor and lower that to reads; where it cannot
+    be recorded or replayed, a plan that hands every tensor to ``load_weights``."""
+    try:
+        recording = record(model.load_weights, stand_ins, targets)  # type: ignore[arg-type]
+        _check_all_loaded(model, recording.loaded, checkpoint)
+        return lower(recording, checkpoint.manifest, targets)
+    except (RecordingFailed, PlacementError) as error:
+        logger.warning("shardspec: the model's load_weights could not be recorded (%s); every "
+                       "tensor goes through it", error)
+        return PlacementPlan(fallback={s.data: f"recording failed: {error}" for s in stand_ins})
 
 
 def _engine_rank() -> EngineRank:
@@ -134,35 +230,65 @@ def load_own_rank(checkpoint: Checkpoint, rank: int, model: nn.Module, device: t
     tensors = checkpoint.load_rank(rank, device, verify=verify,
                                    mmap=device.type == "cpu" and not checkpoint.is_remote)
     state = model.state_dict()
+    _check_own_rank(rank, model, state,
+                    {name: (t.dtype, tuple(t.shape)) for name, t in tensors.items()})
+    for name, tensor in tensors.items():
+        state[name].copy_(tensor)
+
+
+def _check_own_rank(rank: int, model: nn.Module, state: dict[str, torch.Tensor],
+                    held: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> None:
+    """Checkpoint rank ``rank`` (``held``: name -> dtype and shape) fits the model: every
+    parameter is there, as the model holds it; a buffer that is not (a scale vLLM initialises
+    itself) keeps its value (logged)."""
     params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
-    missing = sorted(name for name in params if name not in tensors)
+    missing = sorted(name for name in params if name not in held)
     if missing:
         raise error_for(Finding(
             code="reshard-unsupported", tensor=missing[0], file="shardspec.json",
             message=f"checkpoint rank {rank} lacks {len(missing)} of the vLLM model's "
             f"parameters: {missing[:5]}"))
-    for name, tensor in tensors.items():
+    for name, (dtype, shape) in held.items():
         target = state[name]
-        if tuple(target.shape) != tuple(tensor.shape) or target.dtype != tensor.dtype:
+        if tuple(target.shape) != shape or target.dtype != dtype:
             raise error_for(Finding(
                 code="reshard-unsupported", tensor=name, file="shardspec.json",
-                message=f"checkpoint rank {rank} holds it as {tensor.dtype} "
-                f"{list(tensor.shape)}, the vLLM model as {target.dtype} "
-                f"{list(target.shape)}"))
-        target.copy_(tensor)
-    kept = sorted(set(state) - set(tensors) - params)
+                message=f"checkpoint rank {rank} holds it as {dtype} {list(shape)}, the vLLM "
+                f"model as {target.dtype} {list(target.shape)}"))
+    kept = sorted(set(state) - set(held) - params)
     if kept:
         logger.info("shardspec: %d buffers not in the checkpoint keep vLLM's values (%s...)",
                     len(kept), kept[0])
 
 
+def place_own_rank(checkpoint: Checkpoint, rank: int, model: nn.Module, *, verify: bool,
+                   stats: ReadStats) -> None:
+    """Read checkpoint rank ``rank`` straight into the model's state dict (see
+    :func:`load_own_rank` for the rules), each tensor into its parameter's own memory."""
+    state = model.state_dict()
+    plan = checkpoint.plan(rank)
+    held = {name: torch_layout(DTYPES[dtype], shape) for f in plan.files
+            for name, (dtype, shape) in f.expected.items()}
+    _check_own_rank(rank, model, state, held)
+    if not all(state[name].is_contiguous() for name in held):
+        load_own_rank(checkpoint, rank, model, _model_device(model), verify)
+        return
+    replay(checkpoint.path, checkpoint.manifest,  # type: ignore[arg-type]
+           own_layout_plan({f.record.path: list(f.expected) for f in plan.files}, state),
+           state, verify=verify, stats=stats, poison=os.environ.get(CHECK_BOXES_ENV) == "1")
+    for alias, target in plan.aliases.items():  # a tie the model does not share
+        if alias in state and state[alias].data_ptr() != state[target].data_ptr():
+            state[alias].copy_(state[target])
+
+
 # --- any other layout ----------------------------------------------------------------------
 
 def global_tensors(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
-                   config: dict[str, Any], *, verify: bool, stats: ReadStats | None = None
-                   ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of every tensor the worker's stage holds, in the global shape, with the
-    worker's box read (see :mod:`.regions`); what is outside the box is never read."""
+                   config: dict[str, Any], *, verify: bool, stats: ReadStats | None = None,
+                   only: set[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every tensor the worker's stage holds (of those whose data is in
+    ``only``, where given), in the global shape, with the worker's box read (see
+    :mod:`.regions`); what is outside the box is never read."""
     from vllm.model_executor.models.utils import is_pp_missing_parameter
 
     manifest = checkpoint.manifest
@@ -176,6 +302,8 @@ def global_tensors(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
         if is_pp_missing_parameter(name, model):
             continue
         data = entry.alias_of if isinstance(entry, Alias) else name
+        if only is not None and data not in only:
+            continue
         record = records[data]
         assert record.shape is not None
         box = vllm_box(name, record.shape, rank, plan=plan, heads=heads,

@@ -8,7 +8,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from .plan_cache import default_cache_dir
 
 __all__ = ["LoaderOptions", "OptionsError"]
 
@@ -23,21 +26,31 @@ class LoaderOptions:
     (SPEC 9.2) while loading. ``save_to``: a new directory where the workers write the state
     they loaded, under vLLM's own names at the engine's layout, before vLLM post-processes it
     (a checkpoint that then loads without resharding). ``ignore_extensions``: must-understand
-    extensions the caller knows are safe to ignore (SPEC 4.4)."""
+    extensions the caller knows are safe to ignore (SPEC 4.4). ``plan_cache``: the directory
+    where placement plans are kept between starts (:mod:`.plan_cache`; default
+    ``~/.cache/shardspec/vllm-plans``), or false to record the plan on every start."""
 
     verify: bool = False
     save_to: str | None = None
     ignore_extensions: tuple[str, ...] = ()
+    plan_cache: str | bool = True
+
+    def plan_cache_dir(self) -> Path | None:
+        """Where plans are kept, or None where they are not."""
+        if self.plan_cache is False:
+            return None
+        return default_cache_dir() if self.plan_cache is True else Path(self.plan_cache)
 
     @classmethod
     def parse(cls, extra: Mapping[str, Any] | None) -> LoaderOptions:
         extra = dict(extra or {})
-        unknown = sorted(set(extra) - {"verify", "save_to", "ignore_extensions"})
+        unknown = sorted(set(extra) - {"verify", "save_to", "ignore_extensions", "plan_cache"})
         if unknown:
             raise OptionsError(
                 f"model_loader_extra_config for load_format 'shardspec' has unknown keys "
-                f"{unknown}; it takes 'verify' (bool), 'save_to' (a directory) and "
-                f"'ignore_extensions' (a list of names)")
+                f"{unknown}; it takes 'verify' (bool), 'save_to' (a directory), "
+                f"'ignore_extensions' (a list of names) and 'plan_cache' (a directory, or "
+                f"false)")
         verify = extra.get("verify", False)
         if not isinstance(verify, bool):
             raise OptionsError(f"model_loader_extra_config 'verify' must be true or false, got "
@@ -50,5 +63,12 @@ class LoaderOptions:
         if isinstance(ignore, str) or not all(isinstance(i, str) for i in ignore):
             raise OptionsError("model_loader_extra_config 'ignore_extensions' must be a list of "
                                f"extension names, got {ignore!r}")
+        plan_cache = extra.get("plan_cache", True)
+        if plan_cache is not True and plan_cache is not False and not isinstance(
+                plan_cache, (str, os.PathLike)):
+            raise OptionsError(f"model_loader_extra_config 'plan_cache' must be a directory path "
+                               f"or false, got {plan_cache!r}")
         return cls(verify=verify, save_to=None if save_to is None else os.fspath(save_to),
-                   ignore_extensions=tuple(ignore))
+                   ignore_extensions=tuple(ignore),
+                   plan_cache=plan_cache if isinstance(plan_cache, bool)
+                   else os.fspath(plan_cache))

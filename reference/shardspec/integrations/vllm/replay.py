@@ -1,0 +1,225 @@
+"""A placement plan (:mod:`.placements`) -> the bytes in the model's own parameters.
+
+Each data file is opened inside the checkpoint, its size and header checked against the
+manifest (and with ``verify`` its digests, before any of its bytes is used); then every read
+goes from the file straight into the target's storage with ``preadv``, several at once:
+
+- a contiguous run (a column-parallel weight, a whole tensor) in spans of
+  :data:`SPAN_BYTES`, each one call;
+- strided runs (a row-parallel weight: a part of every row) batched up to
+  :data:`ROWS_PER_CALL` a call, the bytes between two runs read into a scratch buffer that is
+  never looked at, as long as they are shorter than a page (:data:`GAP_BYTES`): every page
+  read then holds wanted bytes, and one call beats many small ones; farther apart, a call a
+  run.
+
+Targets on another device (CUDA) are filled in host memory and copied over once each.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...format.errors import Finding, IntegrityError, SafetensorsError
+from ...format.integrity import check_digests, digest_stream, known_algorithms
+from ...format.manifest import Manifest
+from ...format.safetensors_header import Header, read_header
+from ...load.host_memory import advise_huge_pages
+from ...load.plan import FilePlan, plan_ranks
+from ...load.reads import pread_into
+from ...reshard.boxes import ReadStats
+from ...storage.paths import open_inside
+from .placements import PlacementPlan, Read
+
+__all__ = ["GAP_BYTES", "REPLAY_THREADS", "ROWS_PER_CALL", "SPAN_BYTES", "replay"]
+
+def _setting(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    return default if not value else value not in {"0", "false", "no", "off"}
+
+
+
+#: Advise the parameters' memory for transparent huge pages before the first byte lands in it
+#: (``SHARDSPEC_PARAM_HUGE_PAGES=1``). vLLM allocates the parameters and leaves them untouched,
+#: so every 4 KiB page is faulted in and zeroed by the read that fills it, most of a warm
+#: load's time; one fault per 2 MiB should cost less, but in vLLM CPU workers on the
+#: benchmark's VM it made loads 3x slower (freed memory goes back to the host there, and each
+#: fresh 2 MiB is faulted in from it; ``benchmarks/README.md``). Off unless asked for.
+PARAM_HUGE_PAGES = _setting("SHARDSPEC_PARAM_HUGE_PAGES", False)
+
+#: Reads in flight. A vLLM CPU worker is bound to its cores, but threads waiting on the disk
+#: cost none, and out of a warm page cache they copy in parallel where there are cores.
+REPLAY_THREADS = 4
+
+#: Bytes per call of a contiguous run: large enough for sequential throughput, small enough
+#: that a large tensor is shared out among the threads.
+SPAN_BYTES = 8 * 1024 * 1024
+
+#: Runs per ``preadv`` of strided runs (two vectors a run, under Linux's IOV_MAX of 1024).
+ROWS_PER_CALL = 511
+
+#: Strided runs whose gaps are shorter than this are read in one call with their gaps: no page
+#: of the file is then read that holds no wanted byte.
+GAP_BYTES = 4096
+
+
+def replay(root: Path, manifest: Manifest, plan: PlacementPlan,
+           targets: Mapping[str, torch.Tensor], *, verify: bool = False,
+           stats: ReadStats | None = None, poison: bool = False) -> None:
+    """Execute ``plan`` into ``targets`` (the model's parameters and buffers by name).
+
+    ``poison`` first fills every floating-point target the plan writes with NaN: a model that
+    then computes correctly proves the plan wrote every byte it uses.
+    """
+    sinks = {name: _Sink(targets[name]) for name in {r.target for r in plan.reads}
+             | {f.target for f in plan.fills}}
+    if poison:
+        for sink in sinks.values():
+            sink.poison()
+    by_file: dict[str, list[Read]] = {}
+    for read in plan.reads:
+        by_file.setdefault(read.file, []).append(read)
+    file_plans = _file_plans(manifest, set(by_file))
+    with ThreadPoolExecutor(REPLAY_THREADS, thread_name_prefix="shardspec-replay") as pool:
+        for path, reads in sorted(by_file.items()):
+            handle, size = open_inside(root, path)
+            with handle:
+                header = _checked_header(handle, size, file_plans[path])
+                if verify:
+                    _verify(handle, file_plans[path])
+                # In the file's order: a cold file is read front to back, as readahead likes.
+                reads.sort(key=lambda r: header.entries[r.tensor].begin + r.src)
+                jobs = [job for read in reads
+                        for job in _jobs(handle.fileno(), path, header, read, sinks[read.target])]
+                calls = sum(f.result() for f in [pool.submit(j) for j in jobs])
+            if stats is not None:
+                stats.files_opened.append(path)
+                stats.header_bytes += header.data_start
+                stats.data_bytes += sum(_span(r) for r in reads)
+                stats.reads += calls
+                stats.verify_bytes += size if verify else 0
+    for fill in plan.fills:
+        sinks[fill.target].fill(fill.dst.offset, fill.dst.strides, fill.dst.shape, fill.value)
+    for sink in sinks.values():
+        sink.finish()
+
+
+class _Sink:
+    """The bytes of one target's storage as a writable buffer (a host copy for a device)."""
+
+    def __init__(self, target: torch.Tensor) -> None:
+        self.target = target
+        if PARAM_HUGE_PAGES:
+            advise_huge_pages(target)
+        storage = target.untyped_storage()
+        host = storage if target.device.type == "cpu" else torch.empty(
+            storage.nbytes(), dtype=torch.uint8, pin_memory=torch.cuda.is_available()
+        ).untyped_storage()
+        if target.device.type != "cpu":
+            host.copy_(storage)  # bytes the plan does not write keep their value
+        self.host = torch.empty(0, dtype=torch.uint8).set_(host)
+        self.array = self.host.numpy()
+        self.view = memoryview(self.array)  # type: ignore[arg-type]
+
+    def poison(self) -> None:
+        if self.target.is_floating_point():
+            self._typed().fill_(float("nan"))
+
+    def fill(self, offset: int, strides: tuple[int, ...], shape: tuple[int, ...],
+             value: float) -> None:
+        self._typed().as_strided(shape, strides, offset).fill_(value)
+
+    def _typed(self) -> torch.Tensor:
+        return torch.empty(0, dtype=self.target.dtype).set_(self.host.untyped_storage())
+
+    def finish(self) -> None:
+        if self.target.device.type != "cpu":
+            self.target.untyped_storage().copy_(self.host.untyped_storage())
+
+
+def _file_plans(manifest: Manifest, paths: set[str]) -> dict[str, FilePlan]:
+    ranks = [r.rank for r in manifest.ranks if any(f.path in paths for f in r.files)]
+    return {f.record.path: f for plan in plan_ranks(manifest, ranks) for f in plan.files
+            if f.record.path in paths}
+
+
+def _checked_header(handle: object, size: int, plan: FilePlan) -> Header:
+    record = plan.record
+    if size != record.size:
+        raise IntegrityError(Finding(
+            code="file-size", file=record.path,
+            message=f"the file has {size} bytes, the manifest says {record.size}"))
+    header = read_header(handle, size, record.path)  # type: ignore[arg-type]
+    plan.check_header(header)
+    return header
+
+
+def _verify(handle: object, plan: FilePlan) -> None:
+    record = plan.record
+    os.lseek(handle.fileno(), 0, os.SEEK_SET)  # type: ignore[attr-defined]
+    digests, _ = digest_stream(handle, known_algorithms(record.checksums))  # type: ignore[arg-type]
+    check_digests(record.path, record.checksums, digests)
+
+
+def _span(read: Read) -> int:
+    """The bytes of the file a read covers, gaps read included."""
+    if read.count == 1 or read.src_stride - read.length >= GAP_BYTES:
+        return read.count * read.length
+    return read.src_end - read.src
+
+
+def _jobs(fd: int, path: str, header: Header, read: Read, sink: _Sink
+          ) -> list[Callable[[], int]]:
+    """The read calls of one read, each a job for the pool; bounds checked first."""
+    entry = header.entries[read.tensor]
+    if read.src_end > entry.end - entry.begin or read.dst_end > len(sink.view):
+        raise SafetensorsError(Finding(
+            code="st-offsets", file=path, tensor=read.tensor,
+            message=f"a cached placement reads bytes {read.src}..{read.src_end} of it into "
+            f"{read.target!r}, past the tensor's {entry.end - entry.begin} bytes or the "
+            f"target's {len(sink.view)}: the plan cache does not belong to this checkpoint",
+            hint="delete the plan cache directory (model_loader_extra_config 'plan_cache')"))
+    base = header.data_start + entry.begin + read.src
+    view = sink.view
+    if read.count == 1 or (read.src_stride == read.length == read.dst_stride):
+        total = read.count * read.length
+        return [_call(fd, [view[read.dst + a : read.dst + min(a + SPAN_BYTES, total)]], base + a,
+                      path) for a in range(0, total, SPAN_BYTES)]
+    gap = read.src_stride - read.length
+    # One strided array over the target's bytes; its rows are the runs (numpy makes them
+    # several times faster than slicing a memoryview).
+    rows = list(np.lib.stride_tricks.as_strided(
+        sink.array[read.dst :], (read.count, read.length), (read.dst_stride, 1)))
+    jobs = []
+    scratch = memoryview(bytearray(gap)) if 0 < gap < GAP_BYTES else None
+    for first in range(0, read.count, ROWS_PER_CALL):
+        batch = rows[first : first + ROWS_PER_CALL]
+        position = base + first * read.src_stride
+        if gap >= GAP_BYTES:  # far apart: a call a run
+            jobs.append(_call(fd, batch, position, path, stride=read.src_stride))
+            continue
+        vectors: list[Any] = []
+        for row in batch:
+            if vectors and scratch is not None:
+                vectors.append(scratch)  # the bytes between two runs, never looked at
+            vectors.append(row)
+        jobs.append(_call(fd, vectors, position, path))
+    return jobs
+
+
+def _call(fd: int, vectors: list[Any], position: int, path: str, *,
+          stride: int | None = None) -> Callable[[], int]:
+    """A job: fill ``vectors`` from ``position`` in one go, or each from its own position
+    ``stride`` apart."""
+    def job() -> int:
+        if stride is None:
+            return pread_into(fd, list(vectors), position, path)
+        return sum(pread_into(fd, [v], position + i * stride, path)
+                   for i, v in enumerate(vectors))
+    return job

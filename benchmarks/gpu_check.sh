@@ -29,7 +29,8 @@ step environment
 step tests
 timeout 100 "$PY" -m pytest -q -p no:cacheprovider -W default tests/test_cuda.py tests/test_staging.py \
     tests/test_direct_reads.py tests/test_load.py tests/test_reshard.py \
-    -k "cuda or staging or direct or load or Load" --junitxml "$OUT/cuda-tests.xml" \
+    tests/test_vllm_placements.py \
+    -k "cuda or staging or direct or load or Load or gpu" --junitxml "$OUT/cuda-tests.xml" \
     2>&1 | tee "$OUT/cuda-tests.txt" || status=1
 
 # 2. Staging settings (reads in flight x pinned buffers x MiB) side by side in one process,

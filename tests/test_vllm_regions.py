@@ -145,3 +145,12 @@ def test_options() -> None:
         LoaderOptions.parse({"pattern": "x"})
     with pytest.raises(OptionsError, match="'verify' must be true or false"):
         LoaderOptions.parse({"verify": "yes"})
+
+
+def test_plan_cache_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHARDSPEC_CACHE_DIR", str(tmp_path))
+    assert LoaderOptions.parse(None).plan_cache_dir() == tmp_path / "vllm-plans"
+    assert LoaderOptions.parse({"plan_cache": False}).plan_cache_dir() is None
+    assert LoaderOptions.parse({"plan_cache": "/p"}).plan_cache_dir() == Path("/p")
+    with pytest.raises(OptionsError, match="'plan_cache' must be a directory path or false"):
+        LoaderOptions.parse({"plan_cache": 3})

@@ -7,10 +7,21 @@ entry point ``shardspec`` (:func:`register`), in every vLLM process, so that
     LLM(model=CHECKPOINT, load_format="shardspec", tensor_parallel_size=2)
 
 work with nothing else to configure. ``model_loader_extra_config`` takes ``verify``,
-``save_to`` and ``ignore_extensions`` (:class:`~.options.LoaderOptions`).
+``save_to``, ``ignore_extensions`` and ``plan_cache`` (:class:`~.options.LoaderOptions`).
+
+A worker's bytes go from the data files straight into its parameters, in four steps:
+
+- :mod:`.recorder`: the model's ``load_weights`` run once on stand-ins, recording where each
+  checkpoint region lands;
+- :mod:`.placements`: that recording against the manifest's pieces -> the reads (a plan);
+- :mod:`.plan_cache`: plans kept between starts;
+- :mod:`.replay`: the plan executed into the parameters.
+
+And around them:
 
 - :mod:`.options`: the extra config, checked;
-- :mod:`.regions`: the box of each global tensor a worker needs, by vLLM's rules;
+- :mod:`.regions`: the box of each global tensor a worker needs, by vLLM's rules (for what a
+  plan cannot place);
 - :mod:`.loader`: the ``BaseModelLoader`` (imports vLLM);
 - :mod:`.state`: workers writing the state they loaded as a checkpoint.
 

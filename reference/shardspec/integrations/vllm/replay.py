@@ -12,12 +12,20 @@ goes from the file straight into the target's storage with ``preadv``, several a
   read then holds wanted bytes, and one call beats many small ones; farther apart, a call a
   run.
 
+A file the page cache mostly does not hold (cold) has its contiguous runs read around the
+cache (``O_DIRECT``, :data:`DIRECT_IN_FLIGHT` requests at once) into small page-aligned buffers,
+one a thread and reused, and copied from there into the target: a direct read cannot land in a
+parameter that does not start on a page, and the buffer stays in the processor's cache, where a
+read through the page cache would first fill the cache from the device and then copy out of it.
+
 Targets on another device (CUDA) are filled in host memory and copied over once each.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,14 +38,16 @@ from ...format.errors import Finding, IntegrityError, SafetensorsError
 from ...format.integrity import check_digests, digest_stream, known_algorithms
 from ...format.manifest import Manifest
 from ...format.safetensors_header import Header, read_header
-from ...load.host_memory import advise_huge_pages
+from ...load.host_memory import PAGE_BYTES, advise_huge_pages, fresh_buffer, whole_pages
+from ...load.host_reads import DIRECT_CHUNK_BYTES, DIRECT_READS_IN_FLIGHT, direct_descriptor
 from ...load.plan import FilePlan, plan_ranks
-from ...load.reads import pread_into
+from ...load.reads import pread_direct_span, pread_into
 from ...reshard.boxes import ReadStats
 from ...storage.paths import open_inside
 from .placements import PlacementPlan, Read
 
-__all__ = ["GAP_BYTES", "REPLAY_THREADS", "ROWS_PER_CALL", "SPAN_BYTES", "replay"]
+__all__ = ["DIRECT_IN_FLIGHT", "GAP_BYTES", "PARAM_HUGE_PAGES", "REPLAY_THREADS", "ROWS_PER_CALL",
+           "SPAN_BYTES", "replay"]
 
 def _setting(name: str, default: bool) -> bool:
     value = os.environ.get(name, "").strip().lower()
@@ -69,6 +79,10 @@ ROWS_PER_CALL = 511
 GAP_BYTES = 4096
 
 
+#: Direct requests in flight for a cold file (threads waiting on the device use no core).
+DIRECT_IN_FLIGHT = DIRECT_READS_IN_FLIGHT
+
+
 def replay(root: Path, manifest: Manifest, plan: PlacementPlan,
            targets: Mapping[str, torch.Tensor], *, verify: bool = False,
            stats: ReadStats | None = None, poison: bool = False) -> None:
@@ -86,18 +100,26 @@ def replay(root: Path, manifest: Manifest, plan: PlacementPlan,
     for read in plan.reads:
         by_file.setdefault(read.file, []).append(read)
     file_plans = _file_plans(manifest, set(by_file))
-    with ThreadPoolExecutor(REPLAY_THREADS, thread_name_prefix="shardspec-replay") as pool:
+    with ThreadPoolExecutor(REPLAY_THREADS, thread_name_prefix="shardspec-replay") as pool, \
+            ThreadPoolExecutor(DIRECT_IN_FLIGHT, thread_name_prefix="shardspec-direct") as device:
         for path, reads in sorted(by_file.items()):
             handle, size = open_inside(root, path)
             with handle:
                 header = _checked_header(handle, size, file_plans[path])
-                if verify:
+                if verify:  # hashed through the page cache: the file is then read from there
                     _verify(handle, file_plans[path])
                 # In the file's order: a cold file is read front to back, as readahead likes.
                 reads.sort(key=lambda r: header.entries[r.tensor].begin + r.src)
-                jobs = [job for read in reads
-                        for job in _jobs(handle.fileno(), path, header, read, sinks[read.target])]
-                calls = sum(f.result() for f in [pool.submit(j) for j in jobs])
+                direct = direct_descriptor(handle.fileno(), header.data_start,
+                                           size - header.data_start)
+                try:
+                    jobs = [job for read in reads for job in _jobs(
+                        handle.fileno(), path, header, read, sinks[read.target], direct)]
+                    runner = pool if direct is None else device
+                    calls = sum(f.result() for f in [runner.submit(j) for j in jobs])
+                finally:
+                    if direct is not None:
+                        os.close(direct)
             if stats is not None:
                 stats.files_opened.append(path)
                 stats.header_bytes += header.data_start
@@ -174,7 +196,7 @@ def _span(read: Read) -> int:
     return read.src_end - read.src
 
 
-def _jobs(fd: int, path: str, header: Header, read: Read, sink: _Sink
+def _jobs(fd: int, path: str, header: Header, read: Read, sink: _Sink, direct: int | None
           ) -> list[Callable[[], int]]:
     """The read calls of one read, each a job for the pool; bounds checked first."""
     entry = header.entries[read.tensor]
@@ -189,6 +211,8 @@ def _jobs(fd: int, path: str, header: Header, read: Read, sink: _Sink
     view = sink.view
     if read.count == 1 or (read.src_stride == read.length == read.dst_stride):
         total = read.count * read.length
+        if direct is not None:
+            return _direct_jobs(direct, fd, path, base, total, sink.array[read.dst :])
         return [_call(fd, [view[read.dst + a : read.dst + min(a + SPAN_BYTES, total)]], base + a,
                       path) for a in range(0, total, SPAN_BYTES)]
     gap = read.src_stride - read.length
@@ -211,6 +235,36 @@ def _jobs(fd: int, path: str, header: Header, read: Read, sink: _Sink
             vectors.append(row)
         jobs.append(_call(fd, vectors, position, path))
     return jobs
+
+
+def _direct_jobs(direct: int, fd: int, path: str, position: int, count: int,
+                 target: np.ndarray) -> list[Callable[[], int]]:
+    """Jobs that fill ``target[:count]`` from ``position`` with direct reads of whole pages,
+    :data:`DIRECT_CHUNK_BYTES` at a time, through each thread's own aligned buffer."""
+    first = position - position % PAGE_BYTES
+    end = position + count
+
+    def job(chunk: int) -> int:
+        lo, hi = max(chunk, position), min(chunk + DIRECT_CHUNK_BYTES, end)
+        buffer = _bounce_buffer()
+        view = memoryview(buffer)  # type: ignore[arg-type]
+        calls = pread_direct_span(direct, fd, view[: whole_pages(hi - chunk)], chunk, hi - chunk,
+                                  path)
+        np.copyto(target[lo - position : hi - position], buffer[lo - chunk : hi - chunk])
+        return calls
+
+    return [functools.partial(job, chunk) for chunk in range(first, end, DIRECT_CHUNK_BYTES)]
+
+
+_local = threading.local()
+
+
+def _bounce_buffer() -> np.ndarray:
+    """This thread's page-aligned buffer of DIRECT_CHUNK_BYTES, faulted in once and reused."""
+    buffer: np.ndarray | None = getattr(_local, "buffer", None)
+    if buffer is None:
+        buffer = _local.buffer = fresh_buffer(DIRECT_CHUNK_BYTES, page_aligned=True).numpy()
+    return buffer
 
 
 def _call(fd: int, vectors: list[Any], position: int, path: str, *,

@@ -1,19 +1,22 @@
 """``load_format="shardspec"``: a vLLM model loader that reads each worker's bytes through the
-manifest.
+manifest, from the data files straight into the model's parameters.
 
 Two ways in, chosen per checkpoint:
 
 - **its own layout**: a checkpoint under vLLM's names (``convert --names vllm``, ``import-vllm``,
   or saved by this loader with ``save_to``) at the engine's tensor- and pipeline-parallel
-  sizes: the worker loads its checkpoint rank whole (:meth:`shardspec.Checkpoint.load_rank`)
-  and copies it into the model's ``state_dict()``, buffers included;
+  sizes: each tensor of the worker's checkpoint rank is read whole into the ``state_dict()``
+  entry of its name, buffers included;
 - **any other layout**: a checkpoint of global tensors under Hugging Face names (``convert``):
-  the worker takes the box of every tensor it needs (:mod:`.regions`): a view of the mapped
-  file where one piece holds it, else only the overlapping byte ranges read
-  (:func:`shardspec.reshard.regions.plan_boxes`), and hands the tensors to the
-  model's own ``load_weights``, which fuses ``qkv_proj``/``gate_up_proj``, stacks experts and
-  slices by vLLM's rules. Layers of other pipeline stages are not read.
+  a placement plan says which bytes of which piece land where in which parameter. It is
+  recorded once by running the model's own ``load_weights`` on stand-ins (:mod:`.recorder`;
+  vLLM's loaders fuse ``qkv_proj``/``gate_up_proj``, stack experts and slice by their rules),
+  lowered against the pieces (:mod:`.placements`), cached (:mod:`.plan_cache`) and replayed
+  (:mod:`.replay`). Tensors the plan cannot place go through ``load_weights`` as before: the
+  box of each that vLLM's rules give the worker (:mod:`.regions`) in a tensor of the global
+  shape. Layers of other pipeline stages are not read.
 
+A checkpoint in object storage takes the ``load_weights`` way for every tensor (for now).
 A checkpoint whose rank-local tensors cannot serve the engine's layout is refused before any
 weight is read, naming both layouts and the tensor; so is a quantization that is not the
 engine's.

@@ -107,15 +107,17 @@ def lower(recording: Recording, manifest: Manifest, targets: Mapping[str, torch.
     records = {c.source: manifest.tensors[c.source] for c in recording.copies}
     replicated = {name for name, r in records.items()
                   if isinstance(r, TensorRecord) and any(p.replica for p in r.pieces)}
+    files: set[str] = set()  # those read so far
     # Unreplicated tensors first: of a replicated region, the copy in a file read anyway.
     for copy in sorted(recording.copies, key=lambda c: c.source in replicated):
         record = records[copy.source]
         assert isinstance(record, TensorRecord) and record.shape is not None
-        lowered = _reads_of(copy, record, targets[copy.target], {r.file for r in reads})
+        lowered = _reads_of(copy, record, targets[copy.target], files)
         if isinstance(lowered, str):
             fallback.setdefault(copy.source, lowered)
         else:
             reads += lowered
+            files.update(r.file for r in lowered)
     # A tensor that one of its copies could not place goes to the loader whole.
     plan = PlacementPlan([r for r in reads if r.tensor not in fallback],
                          list(recording.fills), fallback)
@@ -165,7 +167,7 @@ def _reads_of(copy: Copy, record: TensorRecord, target: torch.Tensor, prefer: se
         if piece.offset is None:
             return "rank-local"
         lo = [max(s, o) for s, o in zip(start, piece.offset, strict=True)]
-        hi = [s + n for s, n in zip(start, [1] * len(start), strict=True)]
+        hi = [s + 1 for s in start]  # a unit extent, but along the box's dimensions
         for g, extent, _ in dims:
             hi[g] = start[g] + extent
         hi = [min(h, o + p) for h, o, p in zip(hi, piece.offset, piece.shape, strict=True)]

@@ -29,6 +29,7 @@ from shardspec.integrations.vllm.placements import PlacementPlan, Read, lower
 from shardspec.integrations.vllm.plan_cache import load_plan, plan_key, store_plan
 from shardspec.integrations.vllm.recorder import RecordingFailed, StandIn, record
 from shardspec.integrations.vllm.replay import replay
+from test_direct_reads import _evict
 
 HIDDEN, KV, VOCAB, PADDED = 16, 8, 30, 32
 SPLIT = {"q": 0, "k": 0, "v": 0, "o": 1, "emb": 0, "norm": None}
@@ -228,15 +229,6 @@ def test_a_plan_replays_into_parameters_on_a_gpu(tmp_path: Path) -> None:
     replay(ckpt.path, ckpt.manifest, plan, _targets(model), poison=True)  # type: ignore[arg-type]
     for name, want in _expected(tensors, 2, 1).items():
         assert torch.equal(getattr(model, name).cpu(), want), name
-
-
-def _evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 class Wide(nn.Module):

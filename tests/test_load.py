@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import mmap
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ import shardspec.reader
 from conftest import Tiny, assert_same_tensor, raw_bytes, sha256_file, write_handmade
 from fake_engine import FakeEngine
 from shardspec.load.execute import execute_plan
-from shardspec.load.host_memory import HUGE_PAGE_BYTES, fresh_buffer
+from shardspec.load.host_memory import HUGE_PAGE_BYTES, PAGE_BYTES, fresh_buffer, prefault
 
 
 def _load(tiny: Tiny, rank: int, mode: str) -> dict[str, torch.Tensor]:
@@ -115,6 +117,32 @@ def test_fresh_buffer_is_writable_memory_of_the_exact_size(
     del buffer
     gc.collect()  # the view keeps the mapping alive
     assert torch.equal(view, pattern[nbytes // 2 :])
+
+
+def _resident_pages(address: int, nbytes: int) -> list[bool]:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    flags = (ctypes.c_ubyte * (nbytes // PAGE_BYTES))()
+    assert libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), flags) == 0
+    return [bool(flag & 1) for flag in flags]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="MADV_POPULATE_WRITE is Linux's")
+def test_prefault_makes_untouched_pages_resident_without_changing_a_byte() -> None:
+    pages = 64
+    memory = mmap.mmap(-1, pages * PAGE_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buffer = torch.frombuffer(memory, dtype=torch.uint8)
+    buffer[: 3 * PAGE_BYTES].fill_(7)  # written before: kept
+    assert _resident_pages(buffer.data_ptr(), pages * PAGE_BYTES)[3:] == [False] * (pages - 3)
+    # A range that starts and ends inside pages: the pages it touches are faulted in.
+    if not prefault(buffer.data_ptr() + 2 * PAGE_BYTES + 100, 10 * PAGE_BYTES):
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (before Linux 5.14)")
+    resident = _resident_pages(buffer.data_ptr(), pages * PAGE_BYTES)
+    assert resident[:13] == [True] * 13 and resident[13:] == [False] * (pages - 13)
+    assert bool((buffer[: 3 * PAGE_BYTES] == 7).all())
+    assert not buffer[3 * PAGE_BYTES :].any()
+    assert not prefault(buffer.data_ptr(), 0)
 
 
 def _thp_mode() -> str | None:

@@ -36,9 +36,10 @@ from vllm.config.load import LoadConfig
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 
+from ...convert.plan import LM_HEAD
 from ...format.dtypes import DTYPES, torch_layout
 from ...format.errors import Finding, error_for
-from ...format.experts import find_experts
+from ...format.experts import expert_count, find_experts
 from ...format.manifest import Alias, Manifest, TensorRecord
 from ...reader import Checkpoint, open_checkpoint
 from ...reshard.boxes import ReadStats
@@ -81,7 +82,7 @@ class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has n
         started = time.perf_counter()
         stats = ReadStats()
         own = own_rank(checkpoint.manifest, rank)
-        whole_rank = own is not None and _names_fit(checkpoint.manifest, model)
+        whole_rank = own is not None and _rank_fits(checkpoint.manifest, own, model)
         if own is not None and whole_rank:  # vLLM's names at the engine's own layout
             if checkpoint.is_remote:
                 load_own_rank(checkpoint, own, model, _model_device(model), self.options.verify)
@@ -158,15 +159,37 @@ def _stand_ins(manifest: Manifest, model: nn.Module) -> list[StandIn]:
     from vllm.model_executor.models.utils import is_pp_missing_parameter
 
     out = []
-    for name, entry in manifest.tensors.items():
+    for name in _handed_names(manifest, model):
         if is_pp_missing_parameter(name, model):
             continue
+        entry = manifest.tensors[name]
         data = entry.alias_of if isinstance(entry, Alias) else name
         record = manifest.tensors[data]
         assert isinstance(record, TensorRecord) and record.shape is not None
         dtype, shape = torch_layout(DTYPES[record.dtype], record.shape)
         out.append(StandIn(name, data, shape, dtype))
     return out
+
+
+def _handed_names(manifest: Manifest, model: nn.Module) -> list[str]:
+    """The names ``load_weights`` is handed: every tensor's, but the LM head's where it is
+    tied to the embedding and the model has no LM head of its own (Gemma's classes compute
+    logits with the embedding and refuse the name). Hugging Face files of a tied model hold
+    the embedding only: ``auto`` hands exactly that."""
+    names = list(manifest.tensors)
+    if LM_HEAD not in manifest.tensors or _has_target(model, LM_HEAD):
+        return names
+    entry = manifest.tensors[LM_HEAD]
+    aliased = isinstance(entry, Alias) or any(
+        isinstance(e, Alias) and e.alias_of == LM_HEAD for e in manifest.tensors.values())
+    config = getattr(model, "config", None)
+    if aliased or getattr(config, "tie_word_embeddings", False):
+        names.remove(LM_HEAD)
+    return names
+
+
+def _has_target(model: nn.Module, name: str) -> bool:
+    return any(n == name for n, _ in model.named_parameters(remove_duplicate=False))
 
 
 def _key_parts(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
@@ -216,10 +239,23 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _names_fit(manifest: Manifest, model: nn.Module) -> bool:
-    """Whether the checkpoint is in vLLM's own names: every tensor is in the state dict."""
+def _rank_fits(manifest: Manifest, rank: int, model: nn.Module) -> bool:
+    """Whether checkpoint rank ``rank`` is the worker's own state: every tensor is in the
+    state dict under its name, and every piece the rank holds has its entry's shape. Names
+    alone do not say it: Phi-3's Hugging Face names (``qkv_proj``, ``gate_up_proj``) are
+    vLLM's too."""
     state = model.state_dict()
-    return all(name in state for name in manifest.tensors)
+    if not all(name in state for name in manifest.tensors):
+        return False
+    for name, record in manifest.tensors.items():
+        if not isinstance(record, TensorRecord):
+            continue
+        for piece in record.pieces:
+            if piece.rank == rank:
+                shape = torch_layout(DTYPES[record.dtype], piece.shape)[1]
+                if tuple(state[name].shape) != tuple(shape):
+                    return False
+    return True
 
 
 # --- its own layout -----------------------------------------------------------------------
@@ -298,12 +334,14 @@ def global_tensors(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
     plan = plan_for(config)
     heads = Heads.from_config(config)
     records = {n: r for n, r in manifest.tensors.items() if isinstance(r, TensorRecord)}
-    experts = find_experts({n: r.shape for n, r in records.items()})
+    experts = find_experts({n: r.shape for n, r in records.items()},
+                           expert_count=expert_count(config))
     wanted: dict[str, tuple[str, Box]] = {}  # name -> (the name holding its data, its box)
     boxes: dict[str, Box] = {}               # data name -> the box read of it
-    for name, entry in manifest.tensors.items():
+    for name in _handed_names(manifest, model):
         if is_pp_missing_parameter(name, model):
             continue
+        entry = manifest.tensors[name]
         data = entry.alias_of if isinstance(entry, Alias) else name
         if only is not None and data not in only:
             continue

@@ -151,10 +151,17 @@ def test_config_plan_is_used(tmp_path: Path) -> None:
     assert [p.offset for p in q.pieces] == [(0, 0), (0, 8)]
 
 
-def test_unknown_model_without_plan_is_refused(tmp_path: Path) -> None:
-    src = write_hf_dir(tmp_path / "hf", llama_tensors(layers=1), model_type="gpt2")
-    with pytest.raises(PlanError, match="--plan"):
-        convert(src, tmp_path / "ckpt", tp_size=2)
+def test_unknown_model_shaped_like_llama_converts_and_any_other_is_refused(
+        tmp_path: Path) -> None:
+    """No plan in config.json or transformers: the Llama-shaped plan, where it names every
+    tensor; otherwise a refusal that names the tensor and says to give --plan."""
+    src = write_hf_dir(tmp_path / "hf", llama_tensors(layers=1), model_type="mystery")
+    convert(src, tmp_path / "ckpt", tp_size=2)
+    tensors = {**llama_tensors(layers=1), "model.layers.0.mlp.c_fc.weight": torch.ones(4, 4)}
+    odd = write_hf_dir(tmp_path / "odd", tensors, model_type="mystery")
+    with pytest.raises(PlanError, match="c_fc.*'mystery'.*--plan"):
+        convert(odd, tmp_path / "refused", tp_size=2)
+    assert not (tmp_path / "refused").exists()
 
 
 def test_pipeline_stages_default_and_override(tmp_path: Path) -> None:

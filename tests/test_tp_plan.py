@@ -127,7 +127,7 @@ def test_split_sizes() -> None:
 
 def test_resolve_plan_precedence(tmp_path: Path) -> None:
     given = TPPlan({"x": "replicate"}, source="mine")
-    assert resolve_plan({"model_type": "llama"}, given) is given
+    assert resolve_plan({"model_type": "llama"}, given) == given
     assert resolve_plan(None, {"x": "colwise"}).patterns == {"x": "colwise"}
     config_plan = {"layers.*.mlp.up_proj": "rowwise"}
     from_config = resolve_plan({"model_type": "whatever", "base_model_tp_plan": config_plan},
@@ -135,8 +135,12 @@ def test_resolve_plan_precedence(tmp_path: Path) -> None:
     assert from_config.patterns == {**COMMON_EXTRAS, **config_plan}
     for model_type in ("llama", "mistral", "qwen2"):
         assert resolve_plan({"model_type": model_type}, None).patterns == BUILTIN_PLAN
+    # Neither the config nor transformers has one: the Llama-shaped plan, which must name
+    # every tensor, and the message says what to do.
+    fallback = resolve_plan({"model_type": "gpt2"}, None)
+    assert fallback.patterns == BUILTIN_PLAN and fallback.unnamed is None
     with pytest.raises(PlanError, match="'gpt2'.*--plan"):
-        resolve_plan({"model_type": "gpt2"}, None)
+        fallback.styles(["transformer.h.0.attn.c_attn.weight"])
 
 
 def test_builtin_plan_agrees_with_transformers() -> None:
@@ -154,7 +158,9 @@ def test_load_plan_file(tmp_path: Path) -> None:
     assert load_plan_file(flat).patterns == {"norm": "replicate"}
     nested = tmp_path / "nested.json"
     nested.write_text(json.dumps({"base_model_tp_plan": {"norm": "replicate"}}))
-    assert load_plan_file(nested).patterns == {"norm": "replicate"}
+    # transformers' wrapping is read as transformers reads it: completed, the rest kept whole
+    assert load_plan_file(nested).patterns == {**COMMON_EXTRAS, "norm": "replicate"}
+    assert load_plan_file(nested).unnamed == "replicate"
     bad = tmp_path / "bad.json"
     bad.write_text("[1, 2]")
     with pytest.raises(PlanError, match="JSON object"):

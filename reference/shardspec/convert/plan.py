@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..format.experts import expert_rank, find_experts
+from ..format.experts import expert_count, expert_rank, find_experts
 from ..format.heads import HeadCounts, HeadsError, Kind, head_counts, head_kind
 from ..format.manifest import Layout, Logical, TensorRecord, Tie
 from ..format.stages import assign_stages, layer_index
@@ -36,13 +36,17 @@ from .hf import HFSource, SourceTensor
 from .quantized import Base, Quantized, find_quantized
 from .tp_plan import PlanError, TPPlan, match_pattern, resolve_plan, split_dim, split_sizes
 
-__all__ = ["LM_HEAD", "EMBEDDING_NAMES", "Plan", "Split", "Tied", "plan_splits"]
+__all__ = ["LM_HEAD", "EMBEDDING_NAMES", "FUSED_MLP", "Plan", "Split", "Tied", "plan_splits"]
 
 LM_HEAD = "lm_head.weight"
 #: Names of the input embedding that ``tie_word_embeddings`` ties the LM head to, in the order
 #: they are looked for.
 EMBEDDING_NAMES = ("model.embed_tokens.weight", "embed_tokens.weight", "transformer.wte.weight",
                    "model.embed_in.weight", "gpt_neox.embed_in.weight")
+
+#: Modules that hold an MLP's gate and up projections in one matrix, gate rows first (Phi-3,
+#: GLM-4).
+FUSED_MLP = frozenset({"gate_up_proj"})
 
 
 @dataclass(frozen=True)
@@ -224,12 +228,18 @@ def plan_splits(
     ties = found.ties
     computed = {n for n in ties if n not in sources}       # scales made by --quantize
     own = [n for n in sources if n not in ties]            # split by their own style
-    styles = resolve_plan(source.config, plan).styles(own)
-    experts = find_experts({n: sources[n].shape for n in own}) if layout.ep_size > 1 else {}
+    tp_plan = resolve_plan(source.config, plan)
+    styles = tp_plan.styles(own)
+    notices = _fused_kept_whole(styles, sources, tp_plan, layout) \
+        + _unnamed_notice(own, sources, tp_plan)
+    experts = find_experts({n: sources[n].shape for n in own},
+                           expert_count=expert_count(source.config)) \
+        if layout.ep_size > 1 else {}
     if layout.ep_size > 1 and not experts:
         raise PlanError(f"ep_size (--ep) is {layout.ep_size}, but the checkpoint has no routed "
                         "experts (no tensor named like '...experts.<e>...' or a stacked "
-                        "'...experts.<param>'); use ep_size 1")
+                        "'...experts.<param>', and config.json gives no expert count that "
+                        "a stacked tensor's dim 0 has); use ep_size 1")
     for record in experts.values():
         if record.experts % layout.ep_size:
             raise PlanError(f"{record.group} has {record.experts} experts, which "
@@ -268,8 +278,60 @@ def plan_splits(
         _check_tied(name, tied, layout)
         splits[name] = tied
     logical = {n: b.logical for n, b in found.bases.items()}
-    notices = _kv_notice(splits, counts, layout) + _stage_notices(stage_of, layout)
+    notices += _kv_notice(splits, counts, layout) + _stage_notices(stage_of, layout)
     return Plan(splits, tied_lm, logical, dict(ties), notices)
+
+
+def _fused_kept_whole(styles: dict[str, str], sources: Mapping[str, SourceTensor],
+                      tp_plan: TPPlan, layout: Layout) -> tuple[str, ...]:
+    """Fused projections (q/k/v in one tensor, gate and up in one) that the plan would cut as
+    one matrix: no single slice is a rank's share of each part. A plan from transformers
+    (which gathers their outputs) has them kept whole on every rank, noticed; a plan the user
+    gave is refused. Changes ``styles`` in place."""
+    if layout.tp_size == 1:
+        return ()
+    fused = []
+    for name, style in styles.items():
+        shape = sources[name].shape
+        dim = split_dim(style, shape, name)
+        if dim is None or len(shape) < 1:
+            continue
+        if head_kind(name, dim, len(shape)) == "fused" or _module_leaf(name) in FUSED_MLP:
+            fused.append(name)
+    if not fused:
+        return ()
+    if tp_plan.unnamed is None:
+        name = fused[0]
+        if _module_leaf(name) in FUSED_MLP:
+            raise PlanError(
+                f"tensor {name!r} holds the gate and the up projection in one matrix; "
+                f"style {styles[name]!r} would give the first ranks every gate row and the "
+                "last every up row, which is no rank's share of the MLP; give it style "
+                "'replicate', or convert a checkpoint with separate gate_proj and up_proj")
+        return ()  # a fused q/k/v tensor: refused with its fix when its heads are cut
+    for name in fused:
+        styles[name] = "replicate"
+    return (f"{len(fused)} fused projections ({fused[0]!r}...) hold two or three parts in "
+            f"one matrix, which no single slice a rank holds can share out; they are kept "
+            f"whole on every rank ({tp_plan.source})",)
+
+
+def _unnamed_notice(names: list[str], sources: Mapping[str, SourceTensor],
+                    tp_plan: TPPlan) -> tuple[str, ...]:
+    """Matrices a plan from transformers does not name, kept whole on every rank."""
+    if tp_plan.unnamed is None:
+        return ()
+    kept = [n for n in tp_plan.unnamed_of(names) if len(sources[n].shape) >= 2]
+    if not kept:
+        return ()
+    return (f"{len(kept)} matrices ({kept[0]!r}...) are not named by {tp_plan.source}; "
+            f"they are kept whole on every rank, as transformers keeps them",)
+
+
+def _module_leaf(name: str) -> str:
+    """The module a parameter belongs to: ``gate_up_proj`` of ``...mlp.gate_up_proj.weight``."""
+    module = name.rpartition(".")[0]
+    return module.rpartition(".")[2]
 
 
 def _kv_notice(splits: Mapping[str, Split | Tied], counts: HeadCounts | None,

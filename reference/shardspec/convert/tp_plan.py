@@ -3,7 +3,7 @@
 A plan maps name patterns to *styles*, in the vocabulary of transformers' tensor-parallel
 plans (``base_model_tp_plan`` in a model's config). A pattern matches a tensor name, or its
 module name (the name without its last segment, so ``layers.*.self_attn.q_proj`` covers both
-``...q_proj.weight`` and ``...q_proj.bias``), with or without the leading ``model.`` prefix.
+``...q_proj.weight`` and ``...q_proj.bias``), with or without the base model's prefix.
 ``*`` matches any run of characters other than ``.`` (transformers puts it where layer
 numbers go: ``layers.*.mlp.up_proj``). Where several patterns match, the most specific wins:
 one naming the tensor over one naming its module, then fewer ``*``, then the longer pattern,
@@ -36,15 +36,24 @@ A split dimension of size ``d`` is cut into ``tp_size`` equal runs; where ``tp_s
 divide ``d``, :func:`split_sizes` refuses unless uneven splits are allowed, and then the first
 ``d mod tp_size`` ranks hold one more (the sizes ``torch.tensor_split`` gives).
 
-Where the plan comes from (:func:`resolve_plan`): a plan the user gives; else the config's
-``base_model_tp_plan`` completed with :data:`COMMON_EXTRAS` (embedding, norms, LM head, which
-transformers leaves out because it replicates whatever a plan does not name); else
-:data:`MODEL_PLANS` by ``model_type``: Llama-, Mistral-, Qwen2/3-shaped models, and the
-mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V2/V3 (MLA), whose built-in plan
-wins over the config's (:data:`MOE_MODEL_TYPES`). Routed experts are split by tensor
+Where the plan comes from (:func:`resolve_plan`), first found:
+
+1. a plan the user gives (``--plan FILE``);
+2. :data:`MODEL_PLANS` for the mixtures of experts of :data:`MOE_MODEL_TYPES` (Mixtral,
+   Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3 with MLA): transformers' MoE plans name styles whose
+   pieces are not slices, and the plan here is vLLM's layout;
+3. the config's ``base_model_tp_plan`` completed with :data:`COMMON_EXTRAS` (embedding, norms,
+   LM head, which transformers leaves out because it replicates whatever a plan does not name);
+4. :data:`MODEL_PLANS` for Llama-, Mistral- and Qwen2/3-shaped models;
+5. transformers' own plan for the ``model_type`` (:mod:`.library_plans`), completed the same
+   way; tensors it does not name are kept whole on every rank, as transformers keeps them;
+6. the Llama-shaped :data:`BUILTIN_PLAN`, which must name every tensor.
+
+Patterns may leave out the base model's prefix (``model.``, or transformers' prefix of the
+architecture: ``gpt_neox.``, ``transformer.``). Routed experts are split by tensor
 parallelism like any MLP; which expert rank holds them is ``convert``'s ``ep_size``
-(:mod:`shardspec.format.experts`). A tensor no pattern matches is an error, never silently
-replicated: a plan that wants a tensor replicated says so.
+(:mod:`shardspec.format.experts`). Outside step 5 a tensor no pattern matches is an error,
+never silently replicated: a plan that wants a tensor replicated says so.
 """
 
 from __future__ import annotations
@@ -53,9 +62,11 @@ import functools
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from .library_plans import base_prefix, transformers_plan
 
 __all__ = [
     "BUILTIN_MODEL_TYPES",
@@ -118,6 +129,7 @@ COMMON_EXTRAS: dict[str, str] = {
     "layers.*.self_attn.k_norm": "replicate",
     "norm": "replicate",
     "lm_head": "colwise_rep",
+    "embed_out": "colwise_rep",  # GPT-NeoX's LM head
 }
 
 #: The plan of Llama-, Mistral- and Qwen2-shaped models (transformers' plan plus the extras).
@@ -201,12 +213,13 @@ def _regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join("[^.]*" if c == "*" else re.escape(c) for c in pattern))
 
 
-def match_pattern(pattern: str, name: str) -> int | None:
-    """0 if ``pattern`` names the tensor ``name``, 1 if it names its module, else None."""
+def match_pattern(pattern: str, name: str, prefixes: tuple[str, ...] = ("model.",)
+                  ) -> int | None:
+    """0 if ``pattern`` names the tensor ``name``, 1 if it names its module, else None.
+    ``pattern`` may leave out one of ``prefixes`` (the base model's: ``model.``,
+    ``gpt_neox.``...)."""
     regex = _regex(pattern)
-    candidates = [name]
-    if name.startswith("model."):
-        candidates.append(name[len("model."):])
+    candidates = [name] + [name[len(p):] for p in prefixes if name.startswith(p)]
     if any(regex.fullmatch(n) for n in candidates):
         return 0
     modules = [n.rpartition(".")[0] for n in candidates]
@@ -217,23 +230,33 @@ def match_pattern(pattern: str, name: str) -> int | None:
 
 @dataclass(frozen=True)
 class TPPlan:
-    """Patterns -> styles, and where the plan came from (for messages)."""
+    """Patterns -> styles, and where the plan came from (for messages).
+
+    ``prefixes``: what a pattern may leave out at the start of a name (transformers' plans are
+    relative to the base model: ``model.``, ``gpt_neox.``, ``transformer.``). ``unnamed``: the
+    style of a tensor no pattern names, None to refuse it; a plan taken from transformers
+    keeps such tensors whole, as transformers does.
+    """
 
     patterns: Mapping[str, str]
     source: str = "plan"
+    prefixes: tuple[str, ...] = ("model.",)
+    unnamed: str | None = None
 
     def __post_init__(self) -> None:
         for pattern, style in self.patterns.items():
             if not isinstance(pattern, str) or not pattern:
                 raise PlanError(f"{self.source}: a pattern must be a non-empty string")
             _check_style(style, f"{self.source}: pattern {pattern!r}")
+        if self.unnamed is not None:
+            _check_style(self.unnamed, f"{self.source}: the style of unnamed tensors")
 
     def style_of(self, name: str) -> str | None:
         """The style of tensor ``name``, or None where no pattern matches."""
         best: tuple[int, int, int, int] | None = None
         style = None
         for index, (pattern, candidate) in enumerate(self.patterns.items()):
-            kind = match_pattern(pattern, name)
+            kind = match_pattern(pattern, name, self.prefixes)
             if kind is None:
                 continue
             key = (kind, pattern.count("*"), -len(pattern), index)
@@ -241,12 +264,16 @@ class TPPlan:
                 best, style = key, candidate
         return style
 
+    def unnamed_of(self, names: Iterable[str]) -> list[str]:
+        """The ``names`` no pattern names: they get :attr:`unnamed`."""
+        return [name for name in names if self.style_of(name) is None]
+
     def styles(self, names: Iterable[str]) -> dict[str, str]:
         """The style of every name; PlanError naming the first tensor no pattern matches."""
         out: dict[str, str] = {}
         unmatched = []
         for name in names:
-            style = self.style_of(name)
+            style = self.style_of(name) or self.unnamed
             if style is None:
                 unmatched.append(name)
             else:
@@ -303,31 +330,38 @@ def split_sizes(size: int, parts: int, *, allow_uneven: bool = False, name: str 
 
 
 def load_plan_file(path: str | Path) -> TPPlan:
-    """A plan from a JSON file: ``{pattern: style}``, or an object with ``tp_plan`` or
-    ``base_model_tp_plan`` holding one (used as given: nothing is added)."""
+    """A plan from a JSON file: ``{pattern: style}``, used as given (it must name every
+    tensor), or an object with ``tp_plan`` or ``base_model_tp_plan`` holding one, read as
+    transformers reads its plans: completed with :data:`COMMON_EXTRAS`, and what it does not
+    name kept whole."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise PlanError(f"cannot read the plan file {path}: {exc}") from None
+    wrapped = False
     if isinstance(data, dict):
         for key in ("tp_plan", "base_model_tp_plan"):
             if isinstance(data.get(key), dict):
-                data = data[key]
+                data, wrapped = data[key], True
                 break
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
         raise PlanError(f"{path}: a plan is a JSON object mapping name patterns to style names")
+    if wrapped:
+        return TPPlan({**COMMON_EXTRAS, **data}, source=f"{path} (as transformers reads it)",
+                      unnamed="replicate")
     return TPPlan(dict(data), source=str(path))
 
 
 def resolve_plan(config: Mapping[str, Any] | None, plan: TPPlan | Mapping[str, str] | None
                  ) -> TPPlan:
-    """The plan to use: the one given, else the config's, else the built-in one."""
-    if isinstance(plan, TPPlan):
-        return plan
-    if plan is not None:
-        return TPPlan(dict(plan), source="the given plan")
+    """The plan to use (see the module docstring for the order)."""
     config = config or {}
     model_type = config.get("model_type")
+    if isinstance(plan, TPPlan):  # a user's plan may use transformers' relative patterns
+        return replace(plan, prefixes=_with_base_prefix(plan.prefixes, model_type))
+    if plan is not None:
+        return TPPlan(dict(plan), source="the given plan",
+                      prefixes=_with_base_prefix(("model.",), model_type))
     if model_type in MOE_MODEL_TYPES:
         return TPPlan(MODEL_PLANS[model_type], source=f"the built-in plan for {model_type}")
     from_config = config.get("base_model_tp_plan")
@@ -336,7 +370,20 @@ def resolve_plan(config: Mapping[str, Any] | None, plan: TPPlan | Mapping[str, s
                       source="config.json base_model_tp_plan and the common extras")
     if model_type in BUILTIN_MODEL_TYPES:
         return TPPlan(MODEL_PLANS[model_type], source=f"the built-in plan for {model_type}")
-    raise PlanError(
-        f"no tensor-parallel plan for model_type {model_type!r}: config.json has no "
-        f"base_model_tp_plan and the built-in plan covers {sorted(BUILTIN_MODEL_TYPES)}; "
-        "give one with --plan FILE (a JSON object mapping name patterns to styles)")
+    library = transformers_plan(model_type) if isinstance(model_type, str) else None
+    if library is not None:
+        return TPPlan({**COMMON_EXTRAS, **library.patterns},
+                      source=f"{library.source} and the common extras",
+                      prefixes=tuple(dict.fromkeys(("model.", library.prefix))),
+                      unnamed="replicate")
+    return TPPlan(BUILTIN_PLAN, source=(
+        f"the built-in Llama-shaped plan: neither config.json nor transformers has a plan for "
+        f"model_type {model_type!r}; give one with --plan FILE (a JSON object mapping name "
+        "patterns to styles)"))
+
+
+def _with_base_prefix(prefixes: tuple[str, ...], model_type: Any) -> tuple[str, ...]:
+    if not isinstance(model_type, str) or model_type in BUILTIN_MODEL_TYPES:
+        return prefixes
+    found = base_prefix(model_type)
+    return prefixes if found is None else tuple(dict.fromkeys((*prefixes, found)))

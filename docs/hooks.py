@@ -8,7 +8,9 @@ Markers, each alone on a line of a page, are replaced before the page is rendere
 - ``<!-- include PATH -->``: a repository file's Markdown, with links to repository files
   rewritten for the site, and headings one level down where the page has a title above it;
 - ``<!-- source PATH NAME -->``: the source of top-level function, class or constant ``NAME``
-  of Python file ``PATH``, as a code block (found by name with ``ast``, not by line numbers).
+  of Python file ``PATH``, as a code block (found by name with ``ast``, not by line numbers);
+- ``<!-- architectures -->``: the architectures ``convert`` takes with no plan, from the test
+  matrix itself (``tests/architectures.py``) and the plan each resolves to.
 
 Two files are added to the site: ``schema/manifest.schema.json`` (the schema itself, which
 SPEC.md links to) and ``assets/benchmark-load.svg`` (a bar chart of the same results table).
@@ -22,6 +24,7 @@ import html
 import json
 import posixpath
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +36,8 @@ SCHEMA = REPO / "schema" / "manifest.schema.json"
 BENCHMARKS = REPO / "benchmarks" / "README.md"
 CHART = "assets/benchmark-load.svg"
 
-MARKER = re.compile(r"^<!-- (cli-reference|schema-reference|benchmark-summary|include|source)"
+MARKER = re.compile(r"^<!-- (cli-reference|schema-reference|benchmark-summary|include|source"
+                    r"|architectures)"
                     r"((?: \S+)*) -->[ \t]*$", re.M)
 
 
@@ -63,6 +67,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
             return include(args[0], page_dir, shift=titled)
         if kind == "source" and len(args) == 2:
             return source(args[0], args[1])
+        if kind == "architectures":
+            return architectures_table()
         raise PluginError(f"{page.file.src_uri}: bad marker {match[0]!r}")
 
     return MARKER.sub(replace, markdown)
@@ -443,3 +449,32 @@ def benchmark_chart() -> str:
                    f"{html.escape(label)}</text>")
     svg.append("</svg>")
     return "\n".join(svg) + "\n"
+
+
+# --- the architectures table ---------------------------------------------------------------
+
+
+def architectures_table() -> str:
+    """One row per architecture of ``tests/architectures.py``: the plan ``convert`` resolves
+    with no ``--plan`` (asked of the code, not written here), what the tests convert and serve."""
+    import importlib.util
+
+    from shardspec.convert.tp_plan import resolve_plan
+
+    spec = importlib.util.spec_from_file_location("architectures",
+                                                  repo_file("tests/architectures.py"))
+    if spec is None or spec.loader is None:
+        raise PluginError("docs: tests/architectures.py cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    rows = ["| `model_type` | plan with no `--plan` | converted and merged back | "
+            "served in vLLM | notes |", "|---|---|---|---|---|"]
+    for arch in module.ARCHITECTURES:
+        source = resolve_plan({"model_type": arch.model_type}, None).source
+        plan = source.split(":")[0].replace(" and the common extras", "")
+        layouts = "TP 2, TP 4, TP 2 × PP 2" + (", TP 2 × EP 2" if arch.experts else "")
+        served = "TP 1, TP 2" if arch.served else ""
+        rows.append(f"| `{arch.model_type}` | {plan} | {layouts} | {served} | "
+                    f"{_cell(arch.note)} |")
+    return "\n".join(rows)

@@ -78,7 +78,8 @@ def test_validating_and_the_command_line_do_not_import_torch() -> None:
 #: What each documented submodule exports, as of the package layout along the data path.
 SUBMODULES = {
     "shardspec.convert": ["EMBEDDING_NAMES", "Imported", "LM_HEAD", "NAME_STYLES", "Progress",
-                          "convert", "hf_extra_files", "import_vllm", "merge"],
+                          "convert", "hf_extra_files", "import_directory",
+                          "import_hf_distributed", "import_vllm", "merge"],
     "shardspec.reshard": ["Resharder", "load_resharded", "reshard"],
     "shardspec.integrations.dcp": ["OBJECTS_KEY", "Reader", "Writer"],
     "shardspec.distributed": ["DEFAULT_TIMEOUT", "DistributedError", "DistributedLoadError",

@@ -110,11 +110,11 @@ def save_with_dcp(hf: Path, dst: Path, world: int = 2) -> Path:
     shardspec's DCP ``Writer``: what a training job hands to serving."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_dcp_rank, args=(world, str(hf), str(dst), _free_port()), nprocs=world, join=True)
+    mp.spawn(_dcp_rank, args=(world, str(hf), str(dst), free_port()), nprocs=world, join=True)
     return dst
 
 
-def _free_port() -> int:
+def free_port() -> int:
     import socket
 
     with socket.socket() as s:
@@ -156,7 +156,7 @@ def serve_and_complete(model: Path, *, tp: int, extra_args: tuple[str, ...] = ()
     import time
     import urllib.request
 
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("PYTHONPATH", None)
     if tp > 1:

@@ -161,6 +161,25 @@ def merge_command(
               f"{time.perf_counter() - started:.1f} s")
 
 
+@command("import")
+def import_command(
+    path: Annotated[str, typer.Argument(
+        help="A local directory of per-rank safetensors files: vLLM's save_sharded_state, or "
+        "a distributed save of transformers (save_pretrained(..., distributed_checkpoint=True)) "
+        "or torch (HuggingFaceStorageWriter).", show_default=False)],
+    overwrite: Annotated[bool, flag("--overwrite",
+                                            help="Replace an existing manifest.")] = False,
+    as_json: Annotated[bool, flag("--json", help="Print a JSON summary (errors too).")
+                       ] = False,
+) -> None:
+    """Add a manifest to a directory of per-rank files, whichever kind it is; no data file
+    is rewritten."""
+    from ..convert.recognize import import_directory
+    with progress("checksumming") as bar:
+        kind, result = import_directory(path, overwrite=overwrite, progress=bar.add)
+    _report_import(path, kind, result, as_json)
+
+
 @command("import-vllm")
 def import_vllm_command(
     path: Annotated[str, typer.Argument(help="A local directory written by vLLM's "
@@ -170,13 +189,21 @@ def import_vllm_command(
     as_json: Annotated[bool, flag("--json", help="Print a JSON summary (errors too).")
                        ] = False,
 ) -> None:
-    """Add a manifest to a vLLM sharded-state directory; no data file is rewritten."""
+    """Add a manifest to a vLLM sharded-state directory; no data file is rewritten (`import`
+    recognizes it too)."""
     from ..convert.from_vllm import import_vllm
     with progress("checksumming") as bar:
         result = import_vllm(path, overwrite=overwrite, progress=bar.add)
+    _report_import(path, "vllm sharded_state", result, as_json)
+
+
+def _report_import(path: str, kind: str, result: Any, as_json: bool) -> None:
     manifest = result.manifest
+    local = all(r.shape is None for r in manifest.tensors.values()
+                if hasattr(r, "shape"))
     if as_json:
         out.print_json(json.dumps({
+            "kind": kind,
             "tp_size": manifest.layout.tp_size,
             "tensors": len(manifest.tensors),
             "data_files": [f.path for r in manifest.ranks for f in r.files],
@@ -186,7 +213,8 @@ def import_vllm_command(
         return
     for name, why in result.skipped.items():
         err.print(f"[yellow]skipped[/] {name}: {why}")
-    out.print(f"[bold green]imported[/] {path}: tp={manifest.layout.tp_size}, "
-              f"{plural(len(manifest.tensors), 'rank-local tensor')}, "
+    what = "rank-local tensor" if local else "tensor"
+    out.print(f"[bold green]imported[/] {path} ({kind}): tp={manifest.layout.tp_size}, "
+              f"{plural(len(manifest.tensors), what)}, "
               f"{plural(sum(len(r.files) for r in manifest.ranks), 'data file')}, "
               f"{plural(len(manifest.extra_files), 'extra file')}")

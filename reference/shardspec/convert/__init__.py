@@ -8,8 +8,10 @@
   :mod:`~shardspec.convert.fp8`);
 - :mod:`~shardspec.convert.vllm_names`: vLLM's fused parameter names (``names="vllm"``);
 - :mod:`~shardspec.convert.to_hf`: :func:`merge`, back to a Hugging Face directory;
-- :mod:`~shardspec.convert.from_vllm`: :func:`import_vllm`, a manifest for a vLLM
-  ``save_sharded_state`` directory;
+- :mod:`~shardspec.convert.recognize`: :func:`import_directory` (``shardspec import``), a
+  manifest for a directory of per-rank files, written in place (:mod:`~shardspec.convert.adopt`):
+  a vLLM ``save_sharded_state`` directory (:func:`import_vllm`) or a distributed save of
+  transformers or torch (:func:`import_hf_distributed`);
 - :mod:`~shardspec.convert.hf`: Hugging Face's files (safetensors read by region, written by
   streaming, shards and their index, the directory's other files).
 
@@ -23,10 +25,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .adopt import Imported
     from .directories import Progress, hf_extra_files
     from .from_hf import NAME_STYLES, convert
-    from .from_vllm import Imported, import_vllm
+    from .from_hf_distributed import import_hf_distributed
+    from .from_vllm import import_vllm
     from .plan import EMBEDDING_NAMES, LM_HEAD
+    from .recognize import import_directory
     from .to_hf import merge
 
 __all__ = [
@@ -37,14 +42,18 @@ __all__ = [
     "Progress",
     "convert",
     "hf_extra_files",
+    "import_directory",
+    "import_hf_distributed",
     "import_vllm",
     "merge",
 ]
 
 _LAZY = {
     "EMBEDDING_NAMES": "plan", "LM_HEAD": "plan", "NAME_STYLES": "from_hf",
-    "Imported": "from_vllm", "Progress": "directories", "convert": "from_hf",
-    "hf_extra_files": "directories", "import_vllm": "from_vllm", "merge": "to_hf",
+    "Imported": "adopt", "Progress": "directories", "convert": "from_hf",
+    "hf_extra_files": "directories", "import_directory": "recognize",
+    "import_hf_distributed": "from_hf_distributed", "import_vllm": "from_vllm",
+    "merge": "to_hf",
 }
 
 

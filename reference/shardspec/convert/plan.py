@@ -313,7 +313,8 @@ def _fused_kept_whole(styles: dict[str, str], sources: Mapping[str, SourceTensor
         styles[name] = "replicate"
     return (f"{len(fused)} fused projections ({fused[0]!r}...) hold two or three parts in "
             f"one matrix, which no single slice a rank holds can share out; they are kept "
-            f"whole on every rank ({tp_plan.source})",)
+            f"whole on every rank ({tp_plan.source}); a loader that reads boxes, as the vLLM "
+            "plugin does, still reads only each worker's rows of them",)
 
 
 def _unnamed_notice(names: list[str], sources: Mapping[str, SourceTensor],

@@ -24,8 +24,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["EXPERT_COUNT_KEYS", "ExpertTensor", "expert_count", "expert_rank", "find_experts",
-           "stacked_by_pieces"]
+from .manifest import Layout, TensorRecord
+
+__all__ = ["EXPERT_COUNT_KEYS", "ExpertTensor", "expert_count", "expert_rank", "experts_held",
+           "find_experts", "stacked_by_pieces"]
 
 #: Config keys that hold the routed experts per layer, by architecture (Mixtral and GraniteMoE,
 #: Qwen-MoE and OLMoE, DeepSeek).
@@ -105,3 +107,25 @@ def expert_rank(index: int, experts: int, ep_size: int) -> int:
     """The expert rank of expert ``index`` of ``experts``, dealt in contiguous blocks."""
     return index // (experts // ep_size)
 
+
+def experts_held(records: Mapping[str, TensorRecord], layout: Layout
+                ) -> dict[str, ExpertTensor]:
+    """Routed experts' tensors of a checkpoint of ``layout``: by name, and by how its expert
+    ranks hold the others (:func:`stacked_by_pieces`)."""
+    experts = find_experts({n: r.shape for n, r in records.items()})
+    if layout.ep_size < 2:
+        return experts
+    for name, record in records.items():
+        if name in experts or record.shape is None or len(record.shape) < 3:
+            continue
+        runs: dict[int, set[tuple[int, int]]] = {}
+        for piece in record.pieces:
+            if piece.offset is None:
+                break
+            ep_rank = layout.coordinates(piece.rank)["ep_rank"]
+            runs.setdefault(ep_rank, set()).add((piece.offset[0], piece.shape[0]))
+        else:
+            found = stacked_by_pieces(name, record.shape, runs)
+            if found is not None:
+                experts[name] = found
+    return experts

@@ -16,12 +16,12 @@ stage is the source stage when ``pp_size`` is unchanged, otherwise the one
 returned wherever its target is: tied embeddings put the embedding on the first and the last
 stage).
 
-When ``ep_size`` changes (SPEC 11.3 rule 10), routed experts are known by name
-(:func:`shardspec.format.experts.find_experts`) and dealt to the new expert ranks in contiguous
-blocks: one expert's tensor goes, with its source group's region, to its expert's new rank
-only; a stacked expert tensor is cut along dim 0 into one run of experts per new expert rank;
-any other tensor must have one region on every source expert rank of its stage and is held by
-every new one.
+When ``ep_size`` changes (SPEC 11.3 rule 10), routed experts are known by name or by how the
+source's expert ranks hold them (:func:`shardspec.format.experts.experts_held`) and dealt to the
+new expert ranks in contiguous blocks: one expert's tensor goes, with its source group's region,
+to its expert's new rank only; a stacked expert tensor is cut along dim 0 into one run of
+experts per new expert rank; any other tensor must have one region on every source expert rank
+of its stage and is held by every new one.
 
 A tensor tied to a base (SPEC 8.4, rule 9) is not inferred from its own pieces: every target
 rank holding a box of the base holds the box of the tied tensor that goes with it
@@ -39,7 +39,7 @@ from typing import NoReturn
 
 from ..format.dtypes import DTYPES, byte_size
 from ..format.errors import Finding, error_for
-from ..format.experts import ExpertTensor, expert_rank, find_experts, stacked_by_pieces
+from ..format.experts import ExpertTensor, expert_rank, experts_held
 from ..format.heads import HeadCounts, HeadsError, head_slices
 from ..format.manifest import Alias, Layout, Manifest, Piece, TensorRecord
 from ..format.overlap import first_overlap
@@ -205,7 +205,7 @@ class Resharder:
         records = {n: r for n, r in manifest.tensors.items() if isinstance(r, TensorRecord)}
         #: routed experts' tensors, by name (only needed to move them between expert ranks)
         self._experts: dict[str, ExpertTensor] = (
-            _experts_of(records, source) if self._ep_changed else {})
+            experts_held(records, source) if self._ep_changed else {})
         #: name -> its stages under a new pp_size: its own and those of its aliases, which are
         #: returned wherever their target is (SPEC 7.6 rule 3)
         self._stages: dict[str, set[int]] = {}
@@ -548,26 +548,3 @@ def plan_reshard(
 def target_pieces(manifest: Manifest, layout: Layout, rank: int) -> dict[str, TargetPiece]:
     """Name -> the piece ``rank`` holds under ``layout`` (aliases: see :func:`plan_reshard`)."""
     return plan_reshard(manifest, layout, rank).pieces
-
-
-def _experts_of(records: Mapping[str, TensorRecord], layout: Layout
-                ) -> dict[str, ExpertTensor]:
-    """Routed experts' tensors: by name, and by how the checkpoint's expert ranks hold the
-    others (:func:`~shardspec.format.experts.stacked_by_pieces`)."""
-    experts = find_experts({n: r.shape for n, r in records.items()})
-    if layout.ep_size < 2:
-        return experts
-    for name, record in records.items():
-        if name in experts or record.shape is None or len(record.shape) < 3:
-            continue
-        runs: dict[int, set[tuple[int, int]]] = {}
-        for piece in record.pieces:
-            if piece.offset is None:
-                break
-            ep_rank = layout.coordinates(piece.rank)["ep_rank"]
-            runs.setdefault(ep_rank, set()).add((piece.offset[0], piece.shape[0]))
-        else:
-            found = stacked_by_pieces(name, record.shape, runs)
-            if found is not None:
-                experts[name] = found
-    return experts

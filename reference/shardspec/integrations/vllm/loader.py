@@ -247,12 +247,12 @@ def _rank_fits(manifest: Manifest, rank: int, model: nn.Module) -> bool:
     state = model.state_dict()
     if not all(name in state for name in manifest.tensors):
         return False
-    for name, record in manifest.tensors.items():
-        if not isinstance(record, TensorRecord):
+    for name, entry in manifest.tensors.items():
+        if not isinstance(entry, TensorRecord):
             continue
-        for piece in record.pieces:
+        for piece in entry.pieces:
             if piece.rank == rank:
-                shape = torch_layout(DTYPES[record.dtype], piece.shape)[1]
+                shape = torch_layout(DTYPES[entry.dtype], piece.shape)[1]
                 if tuple(state[name].shape) != tuple(shape):
                     return False
     return True

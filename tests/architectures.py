@@ -25,12 +25,14 @@ class Architecture:
     """One ``model_type`` of the matrix."""
 
     model_type: str
-    #: config keys beside :data:`COMMON` (or replacing it)
+    #: config keys beside :data:`COMMON` (or replacing it; None leaves one out)
     config: dict[str, Any] = field(default_factory=dict)
     #: served by the real vLLM engine in the tests (a representative subset: engines are slow)
     served: bool = False
     #: convert --ep 2 as well (a mixture of experts)
     experts: bool = False
+    #: a plan names its attention and MLP (False: none does, and they are kept whole)
+    split: bool = True
     #: what is special about it, for the docs
     note: str = ""
 
@@ -53,6 +55,10 @@ ARCHITECTURES: tuple[Architecture, ...] = (
                  note="base model gpt_neox., fused query_key_value: kept whole"),
     Architecture("qwen2", config={"tie_word_embeddings": True}),
     Architecture("mistral"),
+    Architecture("gpt2", split=False, note="no plan anywhere: kept whole, with a warning"),
+    Architecture("falcon", config={"new_decoder_architecture": True, "num_kv_heads": 2,
+                                   "head_dim": None},
+                 split=False, note="no plan anywhere: kept whole, with a warning"),
     Architecture("granitemoe", config={"num_local_experts": 4, "num_experts_per_tok": 2},
                  experts=True, note="experts stacked as block_sparse_moe.input_linear: found "
                  "by structure for --ep"),
@@ -65,7 +71,8 @@ def save_tiny(arch: Architecture, path: Path, seed: int = 0) -> Any:
     import torch
     import transformers
 
-    config = transformers.AutoConfig.for_model(arch.model_type, **{**COMMON, **arch.config})
+    settings = {k: v for k, v in {**COMMON, **arch.config}.items() if v is not None}
+    config = transformers.AutoConfig.for_model(arch.model_type, **settings)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16).eval()
     model.save_pretrained(path)

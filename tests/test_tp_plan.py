@@ -135,12 +135,17 @@ def test_resolve_plan_precedence(tmp_path: Path) -> None:
     assert from_config.patterns == {**COMMON_EXTRAS, **config_plan}
     for model_type in ("llama", "mistral", "qwen2"):
         assert resolve_plan({"model_type": model_type}, None).patterns == BUILTIN_PLAN
-    # Neither the config nor transformers has one: the Llama-shaped plan, which must name
+    # Neither the config nor transformers has one: the Llama-shaped plan. For a type
+    # transformers knows, what it does not name is kept whole; for any other it must name
     # every tensor, and the message says what to do.
-    fallback = resolve_plan({"model_type": "gpt2"}, None)
-    assert fallback.patterns == BUILTIN_PLAN and fallback.unnamed is None
-    with pytest.raises(PlanError, match="'gpt2'.*--plan"):
-        fallback.styles(["transformer.h.0.attn.c_attn.weight"])
+    known = resolve_plan({"model_type": "gpt2"}, None)
+    assert known.patterns == BUILTIN_PLAN and known.unnamed == "replicate"
+    assert known.styles(["transformer.h.0.attn.c_attn.weight"]) == {
+        "transformer.h.0.attn.c_attn.weight": "replicate"}
+    unknown = resolve_plan({"model_type": "mystery"}, None)
+    assert unknown.patterns == BUILTIN_PLAN and unknown.unnamed is None
+    with pytest.raises(PlanError, match="'mystery'.*--plan"):
+        unknown.styles(["transformer.h.0.attn.c_attn.weight"])
 
 
 def test_builtin_plan_agrees_with_transformers() -> None:

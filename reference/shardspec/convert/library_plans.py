@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-__all__ = ["LibraryPlan", "base_prefix", "transformers_plan"]
+__all__ = ["LibraryPlan", "base_prefix", "transformers_knows", "transformers_plan"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,15 @@ def transformers_plan(model_type: str) -> LibraryPlan | None:
         return None
     return LibraryPlan(dict(patterns), base_prefix(model_type) or "model.",
                        f"transformers' plan for {model_type} ({config_class.__name__})")
+
+
+def transformers_knows(model_type: str) -> bool:
+    """Whether transformers has a config class for ``model_type`` (plan or not)."""
+    try:
+        from transformers import CONFIG_MAPPING
+    except ImportError:
+        return False
+    return model_type in CONFIG_MAPPING
 
 
 @functools.cache

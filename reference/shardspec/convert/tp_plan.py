@@ -47,13 +47,15 @@ Where the plan comes from (:func:`resolve_plan`), first found:
 4. :data:`MODEL_PLANS` for Llama-, Mistral- and Qwen2/3-shaped models;
 5. transformers' own plan for the ``model_type`` (:mod:`.library_plans`), completed the same
    way; tensors it does not name are kept whole on every rank, as transformers keeps them;
-6. the Llama-shaped :data:`BUILTIN_PLAN`, which must name every tensor.
+6. the Llama-shaped :data:`BUILTIN_PLAN`: for a ``model_type`` transformers knows (without
+   a plan: GPT-2, Falcon, BLOOM), what it does not name is kept whole, with a warning that
+   ``--plan`` splits more; for any other it must name every tensor.
 
 Patterns may leave out the base model's prefix (``model.``, or transformers' prefix of the
 architecture: ``gpt_neox.``, ``transformer.``). Routed experts are split by tensor
 parallelism like any MLP; which expert rank holds them is ``convert``'s ``ep_size``
-(:mod:`shardspec.format.experts`). Outside step 5 a tensor no pattern matches is an error,
-never silently replicated: a plan that wants a tensor replicated says so.
+(:mod:`shardspec.format.experts`). Outside steps 5 and 6 a tensor no pattern matches is an
+error, never silently replicated: a plan that wants a tensor replicated says so.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .library_plans import base_prefix, transformers_plan
+from .library_plans import base_prefix, transformers_knows, transformers_plan
 
 __all__ = [
     "BUILTIN_MODEL_TYPES",
@@ -376,10 +378,12 @@ def resolve_plan(config: Mapping[str, Any] | None, plan: TPPlan | Mapping[str, s
                       source=f"{library.source} and the common extras",
                       prefixes=tuple(dict.fromkeys(("model.", library.prefix))),
                       unnamed="replicate")
+    known = isinstance(model_type, str) and transformers_knows(model_type)
     return TPPlan(BUILTIN_PLAN, source=(
         f"the built-in Llama-shaped plan: neither config.json nor transformers has a plan for "
         f"model_type {model_type!r}; give one with --plan FILE (a JSON object mapping name "
-        "patterns to styles)"))
+        "patterns to styles)"), prefixes=_with_base_prefix(("model.",), model_type),
+        unnamed="replicate" if known else None)
 
 
 def _with_base_prefix(prefixes: tuple[str, ...], model_type: Any) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -165,3 +166,26 @@ def test_import_recognizes_vllm_sharded_state(tmp_path: Path) -> None:
     assert shardspec.validate(tmp_path, checksums=True).ok
     code, _, err = run("import", str(tmp_path))  # once is enough
     assert code == 2 and "already holds shardspec.json" in err
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+@pytest.mark.parametrize("tp", [2, 4])
+def test_torchs_huggingface_reader_reads_a_converted_checkpoint_bit_exact(
+        saved: tuple[Path, Path], tmp_path: Path, tp: int) -> None:
+    """Each data file says where its entries lie (``DCP_SHARDING_INFO``): torch's own reader
+    reads the checkpoint whole, key/value heads replicated over ranks at TP 4 included."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
+
+    from shardspec.convert import convert
+
+    hf, _ = saved
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TP 4 replicates key/value heads, with a warning
+        convert(hf, tmp_path / "ckpt", tp_size=tp)
+    want = load_file(hf / "model.safetensors")
+    state = {name: torch.empty_like(tensor) for name, tensor in want.items()}
+    dcp.load(state, storage_reader=HuggingFaceStorageReader(str(tmp_path / "ckpt")),
+             no_dist=True)
+    for name, tensor in want.items():
+        assert state[name].equal(tensor), name

@@ -54,6 +54,7 @@ from ..write.save import (
 )
 from . import fp8
 from .directories import Progress, hf_extra_files, local_dir, read_json
+from .from_hf_distributed import SHARDING_INFO_KEY
 from .hf import HFSource, OutTensor, iter_box, write_safetensors
 from .plan import LM_HEAD, Split, Tied, plan_splits
 from .tp_plan import PlanError, PlanWarning, TPPlan
@@ -216,23 +217,39 @@ def _write_converted(root: Location, layout: Layout, draft: Manifest,
         coords = layout.coordinates(rank)
         for path, in_file in _names_by_file(draft, rank).items():
             outs = [_piece_out(name, splits[name], coords, draft) for name in in_file]
-            records[path] = _write_part(root, path, outs, advance)
+            records[path] = _write_part(root, path, outs, _file_metadata(draft, rank, in_file),
+                                        advance)
     records.update({f.path: f for f in copy_extra_files(root, extras)})
     manifest = finish_manifest(draft, records)
     commit_checkpoint(root, manifest.to_json())
     return manifest
 
 
-def _write_part(root: Location, path: str, outs: list[OutTensor],
+def _write_part(root: Location, path: str, outs: list[OutTensor], metadata: dict[str, str],
                 advance: Callable[[int], None] | None) -> FileRecord:
     """One data file, streamed from its pieces; hashed as written when it is a local one."""
     def write(target: Path) -> tuple[int, str]:
-        return write_safetensors(target, outs, metadata={"format": "pt"}, progress=advance)
+        return write_safetensors(target, outs, metadata=metadata, progress=advance)
 
     if isinstance(root, RemoteRoot):
         return place_file(root, path, write)
     size, sha = write(root / path)
     return FileRecord(path=path, size=size, checksums={"sha256": sha})
+
+
+def _file_metadata(draft: Manifest, rank: int, names: list[str]) -> dict[str, str]:
+    """A data file's ``__metadata__``: safetensors' ``format``, and where its pieces are global,
+    torch's ``DCP_SHARDING_INFO`` (each entry's offset in its tensor), with which torch's
+    ``HuggingFaceStorageReader`` reads the checkpoint at any layout (SPEC 6.3, informative)."""
+    info: dict[str, dict[str, list[int]]] = {}
+    for name in names:
+        record = draft.tensors[name]
+        assert isinstance(record, TensorRecord)
+        piece = record.piece_of(rank)
+        if piece is None or piece.offset is None:  # rank-local (vLLM's names): nothing to say
+            return {"format": "pt"}
+        info[name] = {"saved_offsets": list(piece.offset)}
+    return {"format": "pt", SHARDING_INFO_KEY: json.dumps(info, separators=(",", ":"))}
 
 
 def _names_by_file(draft: Manifest, rank: int) -> dict[str, list[str]]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers  # with accelerate for tp_plan="auto": both in the test extra
 from safetensors.torch import load_file, save_file
 
 import shardspec
@@ -22,9 +23,6 @@ from shardspec.convert import import_directory, import_hf_distributed
 from shardspec.convert.hf import HFError
 from test_cli import run
 from vllm_engine import free_port
-
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("accelerate")  # transformers' tp_plan needs it
 
 HERE = Path(__file__).resolve().parent
 

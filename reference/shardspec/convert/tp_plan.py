@@ -60,9 +60,7 @@ error, never silently replicated: a plan that wants a tensor replicated says so.
 
 from __future__ import annotations
 
-import functools
 import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -210,22 +208,49 @@ MOE_MODEL_TYPES = frozenset({"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2",
 BUILTIN_MODEL_TYPES = frozenset(MODEL_PLANS)
 
 
-@functools.lru_cache(maxsize=4096)
-def _regex(pattern: str) -> re.Pattern[str]:
-    return re.compile("".join("[^.]*" if c == "*" else re.escape(c) for c in pattern))
+#: The longest pattern a plan may hold: patterns come from files users and checkpoints give.
+MAX_PATTERN_CHARS = 1024
+
+
+def _glob(pattern: str, name: str) -> bool:
+    """Whether ``name`` matches ``pattern`` whole, ``*`` standing for any run of characters
+    other than ``.``: dot-separated segment by segment, each with the two-pointer wildcard
+    match, so that at worst it takes len(pattern) x len(name) steps; a regular expression
+    backtracks exponentially on a pattern of many stars."""
+    parts, segments = pattern.split("."), name.split(".")
+    return len(parts) == len(segments) and all(
+        _segment(p, s) for p, s in zip(parts, segments, strict=True))
+
+
+def _segment(pattern: str, text: str) -> bool:
+    p = t = 0
+    star, resume = -1, 0  # the last star seen, and where in text its run would end next
+    while t < len(text):
+        if p < len(pattern) and pattern[p] == "*":
+            star, resume, p = p, t, p + 1
+        elif p < len(pattern) and pattern[p] == text[t]:
+            p, t = p + 1, t + 1
+        elif star >= 0:  # let the last star take one more character
+            resume += 1
+            p, t = star + 1, resume
+        else:
+            return False
+    return all(c == "*" for c in pattern[p:])
 
 
 def match_pattern(pattern: str, name: str, prefixes: tuple[str, ...] = ("model.",)
                   ) -> int | None:
     """0 if ``pattern`` names the tensor ``name``, 1 if it names its module, else None.
     ``pattern`` may leave out one of ``prefixes`` (the base model's: ``model.``,
-    ``gpt_neox.``...)."""
-    regex = _regex(pattern)
+    ``gpt_neox.``...). PlanError for a pattern longer than :data:`MAX_PATTERN_CHARS`."""
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise PlanError(f"a plan pattern has {len(pattern)} characters, more than "
+                        f"{MAX_PATTERN_CHARS}: {pattern[:60]!r}...")
     candidates = [name] + [name[len(p):] for p in prefixes if name.startswith(p)]
-    if any(regex.fullmatch(n) for n in candidates):
+    if any(_glob(pattern, n) for n in candidates):
         return 0
     modules = [n.rpartition(".")[0] for n in candidates]
-    if any(m and regex.fullmatch(m) for m in modules):
+    if any(m and _glob(pattern, m) for m in modules):
         return 1
     return None
 
@@ -250,6 +275,9 @@ class TPPlan:
             if not isinstance(pattern, str) or not pattern:
                 raise PlanError(f"{self.source}: a pattern must be a non-empty string")
             _check_style(style, f"{self.source}: pattern {pattern!r}")
+            if len(pattern) > MAX_PATTERN_CHARS:
+                raise PlanError(f"{self.source}: a pattern has {len(pattern)} characters, more "
+                                f"than {MAX_PATTERN_CHARS}: {pattern[:60]!r}...")
         if self.unnamed is not None:
             _check_style(self.unnamed, f"{self.source}: the style of unnamed tensors")
 

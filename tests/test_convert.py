@@ -42,6 +42,46 @@ def assert_same_state(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) ->
 # --- convert -----------------------------------------------------------------------------------
 
 
+def test_an_extra_file_linking_out_of_the_source_is_refused(
+        hf: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path) -> None:
+    """Issue 41 item 8: git and tar carry links; a tokenizer.json linking outside the source
+    is not copied into the checkpoint and checksummed as its own."""
+    src, _ = hf
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the model's")
+    (src / "tokenizer.json").unlink()
+    (src / "tokenizer.json").symlink_to(secret)
+    with pytest.raises(HFError, match="tokenizer.json links to .*secret.txt, outside"):
+        convert(src, tmp_path / "ckpt", tp_size=2)
+    assert not (tmp_path / "ckpt").exists()
+    # A link that stays inside the source is an ordinary extra file.
+    (src / "tokenizer.json").unlink()
+    (src / "real.json").write_text("{}")
+    (src / "tokenizer.json").symlink_to(src / "real.json")
+    manifest = convert(src, tmp_path / "ok", tp_size=2)
+    assert (tmp_path / "ok" / "tokenizer.json").read_text() == "{}"
+    assert "tokenizer.json" in {f.path for f in manifest.extra_files}
+
+
+def test_a_hugging_face_cache_snapshot_converts_with_its_links_to_blobs(
+        hf: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path) -> None:
+    """Snapshots of the Hugging Face cache link every file to the repository's blobs."""
+    src, tensors = hf
+    repo = tmp_path / "models--org--tiny"
+    snapshot = repo / "snapshots" / "0123abc"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for i, file in enumerate(sorted(p for p in src.iterdir() if p.is_file())):
+        blob = repo / "blobs" / f"blob{i}"
+        blob.write_bytes(file.read_bytes())
+        (snapshot / file.name).symlink_to(Path("../..") / "blobs" / blob.name)
+    manifest = convert(snapshot, tmp_path / "ckpt", tp_size=2)
+    assert "tokenizer.json" in {f.path for f in manifest.extra_files}
+    merge(tmp_path / "ckpt", tmp_path / "merged")
+    merged = load_file(tmp_path / "merged" / "model.safetensors")
+    assert all(merged[k].equal(v) for k, v in tensors.items())
+
+
 def test_convert_tp2_layout_and_files(hf: tuple[Path, dict[str, torch.Tensor]],
                                       tmp_path: Path) -> None:
     src, tensors = hf

@@ -56,8 +56,23 @@ def hf_extra_files(root: Path, exclude: Path | None = None) -> dict[str, Path]:
                 continue
             if path_problem(rel):
                 raise HFError(f"cannot list {rel!r} as an extra file: {path_problem(rel)}")
+            if path.is_symlink() and not _resolves_inside(root, path):
+                raise HFError(
+                    f"{rel} links to {path.resolve()}, outside the directory being converted "
+                    "(and outside the Hugging Face cache's blobs of its repository): it is not "
+                    "copied into the checkpoint as its own; copy the file in, or remove it")
             out[rel] = path
     return out
+
+
+def _resolves_inside(root: Path, path: Path) -> bool:
+    """Whether the link ``path`` ends inside ``root`` or, for a snapshot of the Hugging Face
+    cache (``models--org--name/snapshots/REV``), inside that repository's ``blobs``."""
+    target = path.resolve()
+    allowed = [root.resolve()]
+    if root.resolve().parent.name == "snapshots":
+        allowed.append(root.resolve().parent.parent / "blobs")
+    return any(target == place or place in target.parents for place in allowed)
 
 
 def local_dir(path: str | os.PathLike[str], what: str) -> Path:

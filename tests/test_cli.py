@@ -198,3 +198,10 @@ def test_subprocess_exit_codes_and_no_traceback(tiny: Tiny) -> None:
 def test_validate_rank_out_of_range_could_not_run(tiny: Tiny, rank: str) -> None:
     code, _, err = run("validate", str(tiny.path), "--rank", rank)
     assert code == 2
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "1e308", "0.01"])
+def test_conformance_timeout_out_of_bounds_is_a_usage_error(value: str) -> None:
+    """Issue 41 item 13: an infinite timeout never killed a reader (or failed deep inside)."""
+    code, _, err = run("conformance", "--reader", "true", "--timeout", value)
+    assert code == 2 and "between 0.1 and 86400" in err and "Traceback" not in err

@@ -83,6 +83,19 @@ class _Shown:  # a runner.Progress, which needs Hypothesis to import
         self._show()
 
 
+#: The bounds of ``--timeout``: a reader call gets at least a tenth of a second, at most a day.
+MIN_TIMEOUT, MAX_TIMEOUT = 0.1, 86400.0
+
+
+def _reader_timeout(value: float) -> float:
+    """``--timeout`` within its bounds: ``inf``, ``nan`` and ``1e308`` would never kill a
+    reader (or fail deep inside the runner)."""
+    if not MIN_TIMEOUT <= value <= MAX_TIMEOUT:  # False for nan as well
+        raise typer.BadParameter(f"{value} is not between {MIN_TIMEOUT} and {MAX_TIMEOUT:.0f} "
+                                 "seconds")
+    return value
+
+
 def _hypothesis_storage() -> None:
     """Hypothesis caches data (unicode tables) in ``./.hypothesis`` by default; the suite
     writes nothing into the current directory, so it uses the user's cache directory instead,
@@ -130,8 +143,9 @@ def conformance_command(
         "globs, e.g. 'valid-*,json-*'.",
         show_default=False)] = None,
     timeout: Annotated[float, typer.Option(
-        "--timeout", min=0.1, help="Seconds one reader call may take before it is killed.")
-    ] = 60.0,
+        "--timeout", callback=lambda value: _reader_timeout(value),
+        help=f"Seconds one reader call may take before it is killed ({MIN_TIMEOUT} to "
+        f"{MAX_TIMEOUT:.0f}).")] = 60.0,
     keep: Annotated[Path | None, typer.Option(
         "--keep", show_default=False,
         help="Where to keep the smallest failing generated checkpoint (default: a new "

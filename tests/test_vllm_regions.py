@@ -145,6 +145,23 @@ def test_options() -> None:
         LoaderOptions.parse({"pattern": "x"})
     with pytest.raises(OptionsError, match="'verify' must be true or false"):
         LoaderOptions.parse({"verify": "yes"})
+    assert LoaderOptions.parse({"ignore_extensions": ["x.y"]}).ignore_extensions == ("x.y",)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"ignore_extensions": 5}, "'ignore_extensions' must be a list"),
+    ({"ignore_extensions": {"x.y": 1}}, "'ignore_extensions' must be a list"),
+    ({"ignore_extensions": None}, "'ignore_extensions' must be a list"),
+    ({"ignore_extensions": [""]}, "'ignore_extensions' must be a list"),
+    ({"save_to": ""}, "'save_to' must be a directory path"),
+    ({"plan_cache": ""}, "'plan_cache' must be a directory path"),
+])
+def test_options_of_the_wrong_type_are_refused_by_name(extra: dict[str, object],
+                                                       message: str) -> None:
+    """Issue 41 item 14: a number or null raised TypeError, a dict passed as its keys, and an
+    empty path named the working directory."""
+    with pytest.raises(OptionsError, match=message):
+        LoaderOptions.parse(extra)
 
 
 def test_plan_cache_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

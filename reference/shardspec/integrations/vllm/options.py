@@ -56,19 +56,24 @@ class LoaderOptions:
             raise OptionsError(f"model_loader_extra_config 'verify' must be true or false, got "
                                f"{verify!r}")
         save_to = extra.get("save_to")
-        if save_to is not None and not isinstance(save_to, (str, os.PathLike)):
+        if save_to is not None and not _is_path(save_to):
             raise OptionsError(f"model_loader_extra_config 'save_to' must be a directory path, "
                                f"got {save_to!r}")
         ignore = extra.get("ignore_extensions", ())
-        if isinstance(ignore, str) or not all(isinstance(i, str) for i in ignore):
+        if not isinstance(ignore, (list, tuple)) or not all(isinstance(i, str) and i
+                                                            for i in ignore):
             raise OptionsError("model_loader_extra_config 'ignore_extensions' must be a list of "
                                f"extension names, got {ignore!r}")
         plan_cache = extra.get("plan_cache", True)
-        if plan_cache is not True and plan_cache is not False and not isinstance(
-                plan_cache, (str, os.PathLike)):
+        if not isinstance(plan_cache, bool) and not _is_path(plan_cache):
             raise OptionsError(f"model_loader_extra_config 'plan_cache' must be a directory path "
                                f"or false, got {plan_cache!r}")
         return cls(verify=verify, save_to=None if save_to is None else os.fspath(save_to),
                    ignore_extensions=tuple(ignore),
                    plan_cache=plan_cache if isinstance(plan_cache, bool)
                    else os.fspath(plan_cache))
+
+
+def _is_path(value: Any) -> bool:
+    """A non-empty path: an empty one would name the working directory."""
+    return isinstance(value, (str, os.PathLike)) and bool(os.fspath(value))

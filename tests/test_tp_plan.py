@@ -197,3 +197,10 @@ def test_load_plan_file(tmp_path: Path) -> None:
         load_plan_file(bad)
     with pytest.raises(PlanError, match="cannot read"):
         load_plan_file(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("model_type", [["llama"], 3, {"a": 1}])
+def test_a_model_type_that_is_not_a_string_is_refused(model_type: object) -> None:
+    """Issue 41 item 11: a list was looked up in a set and surfaced as a TypeError."""
+    with pytest.raises(PlanError, match="model_type must be a string"):
+        resolve_plan({"model_type": model_type}, None)

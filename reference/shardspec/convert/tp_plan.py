@@ -387,6 +387,8 @@ def resolve_plan(config: Mapping[str, Any] | None, plan: TPPlan | Mapping[str, s
     """The plan to use (see the module docstring for the order)."""
     config = config or {}
     model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise PlanError(f"config.json: model_type must be a string, got {model_type!r}")
     if isinstance(plan, TPPlan):  # a user's plan may use transformers' relative patterns
         return replace(plan, prefixes=_with_base_prefix(plan.prefixes, model_type))
     if plan is not None:

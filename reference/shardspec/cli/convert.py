@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from ..convert.tp_plan import load_plan_file
+from ..format.json_text import load_json
 from ..format.limits import DEFAULT_MAX_FILE_SIZE, MAX_SIZE
 from .app import (
     cannot_run,
@@ -53,7 +54,7 @@ def _load_stages(path: Path | None) -> dict[str, int] | None:
     if path is None:
         return None
     try:
-        data: Any = json.loads(path.read_text(encoding="utf-8"))
+        data: Any = load_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         cannot_run(f"cannot read the stages file {path}: {exc}")
     if not isinstance(data, dict) or not all(

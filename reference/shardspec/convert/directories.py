@@ -3,13 +3,13 @@ travel with the weights, and a URL refused where only a local directory will do.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..format.checks import path_problem
+from ..format.json_text import load_json
 from ..format.limits import MANIFEST_NAME
 from ..storage.remote import is_remote
 from .hf import HFError
@@ -85,7 +85,7 @@ def local_dir(path: str | os.PathLike[str], what: str) -> Path:
 
 def read_json(path: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = load_json(path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise HFError(f"{path}: not valid JSON: {exc}") from None
     return data if isinstance(data, dict) else None

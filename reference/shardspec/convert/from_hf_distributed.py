@@ -16,12 +16,12 @@ a rank holds at most one piece of a tensor (SPEC 7.2 rule 3).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
 import msgspec
 
+from ..format.json_text import load_json
 from ..format.manifest import Piece
 from ..format.safetensors_header import Header
 from .adopt import Imported, adopt, adoptable, check_numbering
@@ -95,7 +95,7 @@ def _sharding_info(name: str, header: Header) -> dict[str, object]:
                       "each entry lies in its tensor: not a distributed save of transformers "
                       "or torch")
     try:
-        info = json.loads(text)
+        info = load_json(text)
     except ValueError as exc:
         raise HFError(f"{name}: {SHARDING_INFO_KEY} is not JSON: {exc}") from None
     if not isinstance(info, dict):

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..format.dtypes import DTYPES, DType
 from ..format.errors import ShardspecError
+from ..format.json_text import load_json
 from ..format.limits import MANIFEST_NAME
 from ..format.safetensors_header import Entry, read_header
 from ..storage.commit import fsync_dir, write_durably
@@ -98,7 +99,7 @@ def read_config(root: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = load_json(path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise HFError(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -159,7 +160,7 @@ class HFSource:
             hint = f" (found {found} without an index)" if found else ""
             raise HFError(f"{self.root}: no {HF_SINGLE} and no {HF_INDEX}{hint}")
         try:
-            data = json.loads(index_path.read_text(encoding="utf-8"))
+            data = load_json(index_path.read_text(encoding="utf-8"))
             weight_map = data["weight_map"]
         except (ValueError, KeyError, TypeError) as exc:
             raise HFError(f"{index_path}: not a safetensors index ({exc})") from None

@@ -60,12 +60,12 @@ error, never silently replicated: a plan that wants a tensor replicated says so.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..format.json_text import load_json
 from .library_plans import base_prefix, transformers_knows, transformers_plan
 
 __all__ = [
@@ -365,7 +365,7 @@ def load_plan_file(path: str | Path) -> TPPlan:
     transformers reads its plans: completed with :data:`COMMON_EXTRAS`, and what it does not
     name kept whole."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = load_json(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise PlanError(f"cannot read the plan file {path}: {exc}") from None
     wrapped = False

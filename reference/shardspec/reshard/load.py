@@ -11,7 +11,6 @@ and compared with the manifest (7.2) before any of its data is read.
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,7 @@ from ..format.dtypes import DTYPES, byte_size, torch_layout
 from ..format.errors import Finding, IntegrityError
 from ..format.heads import HeadCounts, HeadsError, head_counts
 from ..format.integrity import Readable, check_digests, digest_stream, known_algorithms
+from ..format.json_text import load_json
 from ..format.manifest import FileRecord, Layout, Manifest
 from ..format.safetensors_header import read_header
 from ..load.host_memory import fresh_buffer
@@ -90,7 +90,7 @@ def checkpoint_heads(root: Path | RemoteRoot, manifest: Manifest) -> HeadCounts 
             code="checksum-mismatch", file=CONFIG_NAME,
             message="the file's size or sha256 differs from the manifest's"))
     try:
-        config = json.loads(data)
+        config = load_json(data)
         return head_counts(config) if isinstance(config, dict) else None
     except (ValueError, HeadsError):
         return None  # a config that says nothing usable: the pieces' own split applies

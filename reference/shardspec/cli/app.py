@@ -48,6 +48,7 @@ from rich.text import Text
 
 from .._version import __version__
 from ..format.errors import CODES, Finding, RequestError, ShardspecError, raise_first_error
+from ..format.json_text import load_json
 from ..format.manifest import format_version
 from ..storage.location import Location, locate
 from ..storage.manifest_file import read_manifest
@@ -196,6 +197,8 @@ def command(name: str) -> Callable[[F], F]:
                 warnings.simplefilter("always")
                 warnings.showwarning = _show_warning
                 try:
+                    if _storage_options_problem is not None:
+                        cannot_run(_storage_options_problem)
                     return func(*args, **kwargs)
                 except ShardspecError as exc:
                     fail(exc.finding)
@@ -221,6 +224,8 @@ def command(name: str) -> Callable[[F], F]:
 
 #: fsspec options for checkpoint URLs, from --storage-options (set by the app's callback).
 _storage_options: dict[str, Any] = {}
+#: What is wrong with --storage-options: every command then stops with it (in JSON under --json).
+_storage_options_problem: str | None = None
 
 
 def storage_options_for(path: str) -> dict[str, Any] | None:
@@ -268,15 +273,17 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-def _parse_storage_options(text: str | None) -> dict[str, Any]:
+def _parse_storage_options(text: str | None) -> dict[str, Any] | str:
+    """The options, or what is wrong with them (reported by the command, which knows whether
+    to answer in JSON)."""
     if not text:
         return {}
     try:
-        options = json.loads(text)
+        options = load_json(text)
     except ValueError as exc:
-        cannot_run(f"--storage-options is not JSON: {exc}")
+        return f"--storage-options is not JSON: {exc}"
     if not isinstance(options, dict):
-        cannot_run("--storage-options must be a JSON object (fsspec filesystem options)")
+        return "--storage-options must be a JSON object (fsspec filesystem options)"
     return options
 
 
@@ -292,8 +299,12 @@ def _root(
     ] = None,
 ) -> None:
     """Pre-sharded model checkpoints: validate, inspect and list what each rank needs."""
+    global _storage_options_problem
     _storage_options.clear()
-    _storage_options.update(_parse_storage_options(storage_options))
+    parsed = _parse_storage_options(storage_options)
+    _storage_options_problem = parsed if isinstance(parsed, str) else None
+    if not isinstance(parsed, str):
+        _storage_options.update(parsed)
 
 
 def print_finding(finding: Finding) -> None:

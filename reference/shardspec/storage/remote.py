@@ -114,6 +114,36 @@ class ObjectVersion:
     tag: tuple[tuple[str, str], ...]
 
 
+def _check_options(url: str, options: dict[str, Any]) -> None:
+    """Storage options are keyword arguments of the filesystem's class: names, and the
+    ``*_kwargs`` among them (``client_kwargs``, ``config_kwargs``, ...) objects in turn."""
+    for name, value in options.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise _options_refused(url, f"{name!r} is not an option name")
+        if name.endswith("_kwargs") and not isinstance(value, dict):
+            raise _options_refused(url, f"{name} must be an object of options, not "
+                                   f"{type(value).__name__} {value!r:.40}")
+
+
+def _make_client(url: str, filesystem: Any) -> None:
+    """Build s3fs's client now: it takes the storage options only then, and an option it
+    refuses would otherwise surface as a TypeError at the first request."""
+    if not is_s3(filesystem):
+        return
+    try:
+        filesystem.connect()
+    except Exception as exc:  # noqa: BLE001 - botocore's and aiobotocore's own types
+        raise _options_refused(url, f"{type(exc).__name__}: {exc}") from None
+
+
+def _options_refused(url: str, why: object) -> StorageError:
+    return StorageError(Finding(
+        code="storage-unavailable", file=url,
+        message=f"the storage options do not make a client for this URL: {why}",
+        hint="check --storage-options or SHARDSPEC_STORAGE_OPTIONS (the fsspec filesystem's "
+        "keyword arguments, e.g. s3fs's S3FileSystem)"))
+
+
 class RemoteRoot:
     """A checkpoint prefix in object storage, and the reads and writes made under it."""
 
@@ -128,6 +158,7 @@ class RemoteRoot:
                 hint="pip install 'shardspec[s3]' (or fsspec plus gcsfs, adlfs, ...)")) from None
         self.url = url.rstrip("/")
         if filesystem is None:
+            _check_options(url, storage_options or {})
             try:
                 filesystem, prefix = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
             except (ImportError, ValueError) as exc:
@@ -136,6 +167,9 @@ class RemoteRoot:
                     message=f"no fsspec filesystem for this URL: {exc}",
                     hint="install the filesystem's package (s3fs for s3://: "
                     "pip install 'shardspec[s3]')")) from None
+            except TypeError as exc:  # an option the filesystem's class does not take
+                raise _options_refused(url, exc) from None
+            _make_client(url, filesystem)
         else:
             prefix = filesystem._strip_protocol(self.url)
         self.fs = filesystem

@@ -52,14 +52,22 @@ class Heads:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Heads | None:
-        heads = config.get("num_attention_heads")
-        if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1:
-            return None
-        kv = config.get("num_key_value_heads") or heads
-        head_dim = config.get("head_dim") or (config.get("hidden_size") or 0) // heads
-        if not isinstance(kv, int) or not isinstance(head_dim, int) or kv < 1 or head_dim < 1:
+        """The counts, or None where config.json lacks them or gives them as other than
+        positive integers (a string ``hidden_size``: then vLLM's rules are not applied)."""
+        heads = _count(config.get("num_attention_heads"))
+        kv = _count(config.get("num_key_value_heads") or heads)
+        head_dim = _count(config.get("head_dim"))
+        hidden = _count(config.get("hidden_size"))
+        if head_dim is None and config.get("head_dim") is None and hidden and heads:
+            head_dim = _count(hidden // heads)
+        if heads is None or kv is None or head_dim is None:
             return None
         return cls(heads, kv, head_dim)
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 \
+        else None
 
 
 def plan_for(config: Mapping[str, Any] | None) -> TPPlan | None:

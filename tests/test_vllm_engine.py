@@ -227,3 +227,26 @@ def test_rank_local_checkpoint_at_another_layout_is_refused(llama: Path, tmp_pat
     assert "reshard-rank-local" in log
     assert "tp_size=2 pp_size=1" in log and "tensor_parallel_size=1" in log
     assert re.search(r"tensor '[^']+'", log)  # the first tensor that cannot move
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_checkpoint_larger_than_the_model_is_refused(converted: dict[int, Path], tp: int,
+                                                     tmp_path: Path) -> None:
+    """Issue 41 item 9: config.json describes a model with half the MLP width the checkpoint
+    holds. vLLM's weight loaders narrow to their own width without comparing, so before the
+    check a worker took rows of the wrong share (at TP 2, rows never read: NaN here) and the
+    engine served. Now the worker refuses before reading, naming the tensor, both shapes and
+    the parameter."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(converted[2], ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["intermediate_size"] //= 2
+    (ckpt / "config.json").write_text(json.dumps(config))
+    with pytest.raises(EngineError) as failed:
+        generate(ckpt, "shardspec", tp=tp)
+    log = failed.value.log
+    assert "reshard-unsupported" in log
+    assert re.search(r"tensor 'model\.layers\.\d+\.mlp\.(gate|up|down)_proj\.weight'", log), log
+    assert "the checkpoint holds it as [512, 256]" in log or \
+        "the checkpoint holds it as [256, 512]" in log
+    assert "vLLM's parameter 'model.layers." in log and "config.json" in log

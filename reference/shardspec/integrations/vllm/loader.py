@@ -46,11 +46,12 @@ from ...reshard.boxes import ReadStats
 from ...reshard.load import LOCAL_GAP_BUDGET, execute_reshard
 from ...reshard.plan import Box
 from ...reshard.regions import plan_boxes
+from .agreement import bounding, check_agreement
 from .layouts import EngineRank, check_quantization, own_rank, refuse_rank_local
 from .options import LoaderOptions
 from .placements import PlacementError, PlacementPlan, lower, own_layout_plan
 from .plan_cache import load_plan, plan_key, store_plan
-from .recorder import RecordingFailed, StandIn, record
+from .recorder import Recording, RecordingFailed, StandIn, record
 from .regions import Heads, plan_for, vllm_box
 from .replay import replay
 from .state import save_worker_state
@@ -95,6 +96,12 @@ class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has n
             refuse_rank_local(checkpoint.manifest, rank)
             config = model_config.hf_config.to_dict()
             if checkpoint.is_remote:
+                try:  # to check the shapes only: every tensor goes through load_weights
+                    _recorded(checkpoint, model, rank, config,
+                              _stand_ins(checkpoint.manifest, model), _targets(model))
+                except RecordingFailed as error:
+                    logger.warning("shardspec: the model's load_weights could not be recorded "
+                                   "(%s); the checkpoint's shapes are not checked", error)
                 load: Any = model.load_weights  # the vLLM model's own; nn.Module has no type
                 loaded = load(global_tensors(
                     checkpoint, model, rank, config, verify=self.options.verify, stats=stats))
@@ -116,14 +123,13 @@ class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has n
         cached, or recorded now by running ``load_weights`` once on stand-ins. Tensors the
         plan cannot place go through ``load_weights`` as before, logged by name."""
         targets = _targets(model)
-        stand_ins = _stand_ins(checkpoint.manifest, model)
         key = plan_key(_key_parts(checkpoint, model, rank, config, targets))
         directory = self.options.plan_cache_dir()
         started = time.perf_counter()
         plan = None if directory is None else load_plan(directory, key)
         how = "from the cache"
         if plan is None:
-            plan = _record_plan(checkpoint, model, stand_ins, targets)
+            plan = _record_plan(checkpoint, model, rank, config, targets)
             how = f"recorded in {time.perf_counter() - started:.2f} s"
             stored = None if directory is None else store_plan(directory, key, plan)
             if stored is not None:
@@ -208,18 +214,32 @@ def _key_parts(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
             "manifest": checkpoint.manifest_sha256 or checkpoint.manifest.to_dict()}
 
 
-def _record_plan(checkpoint: Checkpoint, model: nn.Module, stand_ins: list[StandIn],
-                 targets: dict[str, torch.Tensor]) -> PlacementPlan:
-    """Record where ``load_weights`` puts each tensor and lower that to reads; where it cannot
-    be recorded or replayed, a plan that hands every tensor to ``load_weights``."""
+def _record_plan(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
+                 config: dict[str, Any], targets: dict[str, torch.Tensor]) -> PlacementPlan:
+    """Record where ``load_weights`` puts each tensor (refused where the model disagrees with
+    the checkpoint's shapes) and lower that to reads; where it cannot be recorded or replayed,
+    a plan that hands every tensor to ``load_weights``."""
+    stand_ins = _stand_ins(checkpoint.manifest, model)
     try:
-        recording = record(model.load_weights, stand_ins, targets)  # type: ignore[arg-type]
+        recording = _recorded(checkpoint, model, rank, config, stand_ins, targets)
         _check_all_loaded(model, recording.loaded, checkpoint)
         return lower(recording, checkpoint.manifest, targets)
     except (RecordingFailed, PlacementError) as error:
         logger.warning("shardspec: the model's load_weights could not be recorded (%s); every "
                        "tensor goes through it", error)
         return PlacementPlan(fallback={s.data: f"recording failed: {error}" for s in stand_ins})
+
+
+def _recorded(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
+              config: dict[str, Any], stand_ins: list[StandIn],
+              targets: dict[str, torch.Tensor]) -> Recording:
+    """The recording of ``load_weights`` on ``stand_ins`` (:class:`RecordingFailed` where it
+    cannot be recorded), refused where it disagrees with the checkpoint's shapes
+    (:mod:`.agreement`)."""
+    recording = record(model.load_weights, stand_ins, targets)  # type: ignore[arg-type]
+    _, boxes, exact = worker_boxes(checkpoint.manifest, model, rank, config)
+    check_agreement(recording, {s.data: s.shape for s in stand_ins}, boxes, exact, targets)
+    return recording
 
 
 def _engine_rank() -> EngineRank:
@@ -322,35 +342,51 @@ def place_own_rank(checkpoint: Checkpoint, rank: int, model: nn.Module, *, verif
 
 # --- any other layout ----------------------------------------------------------------------
 
+def worker_boxes(manifest: Manifest, model: nn.Module, rank: EngineRank, config: dict[str, Any]
+                 ) -> tuple[dict[str, tuple[str, Box]], dict[str, Box], set[str]]:
+    """What the worker is handed of each tensor of its pipeline stage, by vLLM's rules
+    (:func:`.regions.vllm_box`): name -> (the name holding its data, its box); data name -> the
+    box read of it (the bounding box of its names'); and the data names whose box vLLM takes
+    whole (:mod:`.agreement`: all but experts under expert parallelism, and at ``tp_size`` > 1
+    the tensors it does not cut)."""
+    from vllm.model_executor.models.utils import is_pp_missing_parameter
+
+    plan = plan_for(config)
+    heads = Heads.from_config(config)
+    records = {n: r for n, r in manifest.tensors.items() if isinstance(r, TensorRecord)}
+    experts = find_experts({n: r.shape for n, r in records.items()},
+                           expert_count=expert_count(config))
+    wanted: dict[str, tuple[str, Box]] = {}
+    boxes: dict[str, Box] = {}
+    for name in _handed_names(manifest, model):
+        if is_pp_missing_parameter(name, model):
+            continue
+        entry = manifest.tensors[name]
+        data = entry.alias_of if isinstance(entry, Alias) else name
+        record = records[data]
+        assert record.shape is not None
+        box = vllm_box(name, record.shape, rank, plan=plan, heads=heads,
+                       expert=data in experts)
+        wanted[name] = (data, box)
+        boxes[data] = bounding(boxes[data], box) if data in boxes else box
+    exact = {data for data, box in boxes.items()
+             if not (data in experts and rank.expert_parallel)
+             and (rank.tp_size == 1 or box[1] != records[data].shape)}
+    return wanted, boxes, exact
+
+
 def global_tensors(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
                    config: dict[str, Any], *, verify: bool, stats: ReadStats | None = None,
                    only: set[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of every tensor the worker's stage holds (of those whose data is in
     ``only``, where given), in the global shape, with the worker's box read (see
     :mod:`.regions`); what is outside the box is never read."""
-    from vllm.model_executor.models.utils import is_pp_missing_parameter
-
     manifest = checkpoint.manifest
-    plan = plan_for(config)
-    heads = Heads.from_config(config)
     records = {n: r for n, r in manifest.tensors.items() if isinstance(r, TensorRecord)}
-    experts = find_experts({n: r.shape for n, r in records.items()},
-                           expert_count=expert_count(config))
-    wanted: dict[str, tuple[str, Box]] = {}  # name -> (the name holding its data, its box)
-    boxes: dict[str, Box] = {}               # data name -> the box read of it
-    for name in _handed_names(manifest, model):
-        if is_pp_missing_parameter(name, model):
-            continue
-        entry = manifest.tensors[name]
-        data = entry.alias_of if isinstance(entry, Alias) else name
-        if only is not None and data not in only:
-            continue
-        record = records[data]
-        assert record.shape is not None
-        box = vllm_box(name, record.shape, rank, plan=plan, heads=heads,
-                       expert=data in experts)
-        wanted[name] = (data, box)
-        boxes[data] = _bounding(boxes[data], box) if data in boxes else box
+    wanted, boxes, _ = worker_boxes(manifest, model, rank, config)
+    if only is not None:
+        wanted = {name: (data, box) for name, (data, box) in wanted.items() if data in only}
+        boxes = {data: boxes[data] for data, _ in wanted.values()}
     hashed: set[str] = set()  # with verify, each source file is hashed once, by either path
     pieces = {} if checkpoint.is_remote else _mapped_boxes(checkpoint, records, boxes,
                                                           verify=verify, stats=stats,
@@ -419,12 +455,6 @@ def _pieces_holding(record: TensorRecord, box: Box) -> list[tuple[int, tuple[int
             if piece.offset is not None and all(
                 o <= b and b + n <= o + s for o, s, b, n
                 in zip(piece.offset, piece.shape, start, shape, strict=True))]
-
-
-def _bounding(a: Box, b: Box) -> Box:
-    start = tuple(min(x, y) for x, y in zip(a[0], b[0], strict=True))
-    end = tuple(max(x + s, y + t) for x, s, y, t in zip(a[0], a[1], b[0], b[1], strict=True))
-    return start, tuple(e - s for s, e in zip(start, end, strict=True))
 
 
 def _in_global_shape(piece: torch.Tensor, read: Box, shape: tuple[int, ...], box: Box,

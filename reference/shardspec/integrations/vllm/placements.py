@@ -27,7 +27,7 @@ from ...format.manifest import Manifest, TensorRecord
 from ...format.pieces import Piece
 from .recorder import Copy, Fill, Recording, Region
 
-__all__ = ["PLAN_VERSION", "PlacementPlan", "Read", "lower", "own_layout_plan"]
+__all__ = ["PLAN_VERSION", "PlacementPlan", "Read", "lower", "own_layout_plan", "source_box"]
 
 #: Bumped when the meaning of a cached plan changes: older plans are then recorded again.
 PLAN_VERSION = 1
@@ -187,6 +187,20 @@ def _one_replica(record: TensorRecord, prefer: set[str]) -> list[Piece]:
         if key not in chosen or (piece.file in prefer and chosen[key].file not in prefer):
             chosen[key] = piece
     return list(chosen.values())
+
+
+def source_box(region: Region, shape: tuple[int, ...]) -> tuple[tuple[int, ...],
+                                                               tuple[int, ...]] | None:
+    """``region`` of a contiguous tensor of ``shape`` as a box (start, extent per dimension),
+    or None where it is no box."""
+    box = _as_box(region, shape)
+    if box is None:
+        return None
+    start, dims = box
+    extent = [1] * len(shape)
+    for g, n, _ in dims:
+        extent[g] = n
+    return tuple(start), tuple(extent)
 
 
 def _as_box(region: Region, shape: tuple[int, ...]

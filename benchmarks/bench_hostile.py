@@ -17,6 +17,7 @@ and it is resolved before the clock in the API cases); memory is the child's pea
 whole process. Median of ``--repeats`` for time, largest peak for memory.
 
 Run: ``PYTHONPATH=reference python benchmarks/bench_hostile.py [--repeats 3] [--json OUT]``.
+A small DCP object in a large objects file (issue 41 item 6) is benchmarks/bench_hostile_dcp.py.
 """
 
 from __future__ import annotations

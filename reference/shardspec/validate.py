@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from .format.dcp_objects import index_findings, pickled_warning
 from .format.errors import Finding, ShardspecError
 from .format.gcpause import paused_gc
 from .format.integrity import ALGORITHMS, digest_stream
@@ -88,6 +89,8 @@ def validate(
     manifest = parsed.manifest
     if manifest is None or parsed.errors and _structure_broken(parsed.errors):
         return report
+    objects, problems = index_findings(manifest)  # a DCP save's index of pickled objects
+    report.findings += problems + ([pickled_warning(objects)] if objects else [])
     if rank is not None and not 0 <= rank < manifest.world_size:
         last = manifest.world_size - 1
         report.findings.append(Finding(code="rank-out-of-range",

@@ -10,7 +10,8 @@ Exception hierarchy::
     ├── PathError              2.x  unsafe, escaping, missing or non-regular paths
     ├── StorageError           2.4  object storage refused, failed or is not installed
     ├── ManifestSyntaxError    3.x  the manifest's JSON dialect
-    ├── SchemaError            3.5  the manifest does not match the JSON Schema
+    ├── SchemaError            3.5  the manifest does not match the JSON Schema (and 3.1: the
+    │                               DCP objects index in metadata, as an integration refuses it)
     ├── VersionError           4.2  an unknown major version
     ├── ExtensionError         4.4  a must-understand extension this reader does not know
     ├── LayoutError            5.x  sizes, ranks and coordinates
@@ -135,7 +136,9 @@ class ManifestSyntaxError(ShardspecError):
 
 
 class SchemaError(ShardspecError):
-    """The manifest does not match the JSON Schema (SPEC 3.5)."""
+    """The manifest does not match the JSON Schema (SPEC 3.5); also what an integration raises
+    when it refuses a malformed DCP objects index in ``metadata`` (SPEC 3.1, ``objects-index``),
+    which ``validate`` reports as a warning only."""
 
 
 class VersionError(ShardspecError):
@@ -197,6 +200,9 @@ CODES: dict[str, Code] = {
     "storage-denied": _e(StorageError, "2.4", "the store refused the credentials or permission"),
     "storage-failed": _e(StorageError, "2.4", "an object store request failed after retries"),
     "storage-unavailable": _e(StorageError, "2.4", "no client for the URL's storage protocol"),
+    "objects-index": _w(SchemaError, "3.1", "the DCP objects index in metadata is malformed"),
+    "objects-pickled": _w(SchemaError, "3.1", "metadata lists pickled objects: loading them "
+                          "runs code"),
     "json-encoding": _e(ManifestSyntaxError, "3.2", "the manifest is not UTF-8 without BOM"),
     "json-syntax": _e(ManifestSyntaxError, "3.2", "the manifest is not valid JSON"),
     "json-duplicate-name": _e(ManifestSyntaxError, "3.3", "an object has a name twice"),

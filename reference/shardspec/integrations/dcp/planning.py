@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemType
 
+from ...format.dcp_objects import OBJECTS_KEY, parse_objects  # re-exported: DCP's names
 from ...format.dtypes import DTYPES, byte_size, from_torch
 from ...format.manifest import Alias, Manifest, TensorRecord
 from ...write.save import RankInfo, Shard, TensorInfo
@@ -46,11 +47,6 @@ __all__ = [
     "objects_file_name",
     "parse_objects",
 ]
-
-#: The manifest ``metadata`` key that indexes the non-tensor values of a DCP save (SPEC 3.1:
-#: a writer's own data belongs in ``metadata``): a JSON object, name -> [file, offset, length].
-OBJECTS_KEY = "torch.distributed.checkpoint.objects"
-
 
 def objects_file_name(rank: int) -> str:
     """The extra file (SPEC 2.1) holding rank ``rank``'s serialized non-tensor values."""
@@ -154,32 +150,10 @@ def assign_pieces(
     return infos, objects
 
 
-def parse_objects(manifest: Manifest) -> dict[str, tuple[str, int, int]]:
-    """The objects index a DCP save left in ``metadata``: name -> (extra file, offset, length).
-
-    Only files the manifest lists as extra files are named (SPEC 2.1 rule 5).
-    """
-    text = manifest.metadata.get(OBJECTS_KEY)
-    if text is None:
-        return {}
-    listed = {f.path: f.size for f in manifest.extra_files}
-    try:
-        raw = json.loads(text)
-        index = {str(name): (str(f), int(o), int(n)) for name, (f, o, n) in raw.items()}
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise ValueError(f"shardspec.json: metadata[{OBJECTS_KEY!r}] is not the index a DCP "
-                         f"save writes: {exc}") from None
-    for name, (path, offset, length) in index.items():
-        if path not in listed or offset < 0 or length < 0 or offset + length > listed[path]:
-            raise ValueError(f"shardspec.json: metadata[{OBJECTS_KEY!r}] places {name!r} in "
-                             f"{path!r} at [{offset}, {offset + length}), outside the extra "
-                             "files the manifest lists")
-    return index
-
-
 def dcp_metadata(manifest: Manifest, checkpoint_id: str) -> Metadata:
     """DCP's view of a checkpoint: every global tensor with its replica-0 pieces as chunks,
-    an alias as its target, each indexed object as bytes.
+    an alias as its target, each indexed object as bytes (the index checked first: a
+    :class:`~shardspec.ShardspecError` names the entry and field it refuses).
 
     Rank-local tensors (SPEC 7.5) are no slice of a global tensor and sub-byte tensors have no
     torch dtype of one element each: DCP cannot ask for them, so they are left out.

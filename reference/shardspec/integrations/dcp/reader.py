@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,19 +24,21 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 from torch.futures import Future
 
+from ...format.dcp_objects import OBJECTS_KEY, parse_objects
 from ...format.dtypes import DTYPES
-from ...format.errors import Finding, IntegrityError, RequestError
-from ...format.integrity import digest_stream
+from ...format.errors import Finding, IntegrityError, RequestError, ShardspecError
+from ...format.integrity import Digests, check_digests
 from ...format.limits import MANIFEST_NAME
-from ...format.manifest import Alias, Manifest, Piece, TensorRecord
+from ...format.manifest import Alias, FileRecord, Manifest, Piece, TensorRecord
 from ...reader import Checkpoint, open_checkpoint
 from ...reshard.boxes import ReadStats
 from ...reshard.load import LOCAL_GAP_BUDGET, REMOTE_GAP_BUDGET, execute_reshard
 from ...reshard.plan import ReshardPlan, SourcePiece, TargetPiece
-from ...storage.location import PathOrURL
+from ...storage.location import Location, PathOrURL
 from ...storage.paths import open_inside
 from ...storage.remote import RemoteRoot, is_remote
-from .planning import dcp_metadata, parse_objects
+from ...storage.remote_files import RemoteObject
+from .planning import dcp_metadata
 
 __all__ = ["Reader"]
 
@@ -54,6 +57,17 @@ class Reader(StorageReader):
     ``remote_gap_budget`` is the same bound in object storage (default 1.0: there a request
     costs a round trip, a gap only its bytes). ``stats`` counts
     the tensor bytes this rank read (headers, data, verification), across loads.
+
+    Non-tensor values are pickles (DCP serializes them with ``torch.save``), read from their
+    byte ranges only. By default each is unpickled with ``torch.load(weights_only=True)``
+    (tensors, numbers, strings, containers, and classes given to
+    ``torch.serialization.add_safe_globals``), re-serialized, and only that handed to DCP's
+    planner, which unpickles with ``weights_only=False``: the checkpoint's own pickle never
+    reaches it. One that needs more is refused (:class:`shardspec.RequestError`) naming its
+    key. ``trust_objects=True`` hands the checkpoint's pickles to the planner as they are, as
+    DCP's own readers do: code in them runs in every rank that loads them; only for
+    checkpoints you trust. ``verify`` does not make a checkpoint trustworthy: its digests are
+    the writer's.
     """
 
     def __init__(
@@ -65,16 +79,19 @@ class Reader(StorageReader):
         remote_gap_budget: float = REMOTE_GAP_BUDGET,
         ignore_extensions: Collection[str] = (),
         storage_options: dict[str, Any] | None = None,
+        trust_objects: bool = False,
     ) -> None:
         super().__init__()
         self.path: PathOrURL = path
         self.verify = verify
+        self.trust_objects = trust_objects
         self.gap_budget = gap_budget
         self.remote_gap_budget = remote_gap_budget
         self.ignore_extensions = ignore_extensions
         self.storage_options = storage_options
         self.stats = ReadStats()
-        #: bytes of serialized non-tensor values read (not in ``stats``, which counts tensors)
+        #: bytes read for non-tensor values (their ranges; whole files when verifying), not in
+        #: ``stats``, which counts tensors
         self.object_bytes = 0
         self._checkpoint: Checkpoint | None = None
 
@@ -95,12 +112,24 @@ class Reader(StorageReader):
 
     def read_metadata(self) -> Metadata:
         """The manifest as DCP's metadata. (No ``rank`` argument: every rank reads the one
-        manifest; DCP's fallback to per-rank metadata does not apply.)"""
-        return dcp_metadata(self.checkpoint.manifest, str(self.path))
+        manifest; DCP's fallback to per-rank metadata does not apply.)
+
+        DCP turns any exception raised here into its own ``AssertionError("metadata is
+        None")``. A checkpoint refused (a :class:`shardspec.ShardspecError`: no manifest, a
+        broken objects index) is therefore returned inside an empty metadata and raised by
+        :meth:`set_up_storage_reader`, which DCP calls next, so that ``dcp.load`` fails with
+        it, its code and its SPEC section."""
+        try:
+            return dcp_metadata(self.checkpoint.manifest, str(self.path))
+        except ShardspecError as exc:
+            return Metadata(state_dict_metadata={}, storage_data=_Refused(exc))
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
     ) -> None:
+        """Raise the error :meth:`read_metadata` found, if any."""
+        if isinstance(metadata.storage_data, _Refused):
+            raise metadata.storage_data.error
         self.is_coordinator = is_coordinator
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
@@ -179,17 +208,43 @@ class Reader(StorageReader):
     def _read_objects(
         self, checkpoint: Checkpoint, items: list[ReadItem], planner: LoadPlanner
     ) -> None:
-        """Serialized non-tensor values: ranges of the extra files the writer indexed."""
-        index = parse_objects(checkpoint.manifest)
-        records = {f.path: f for f in checkpoint.manifest.extra_files}
-        contents: dict[str, bytes] = {}
+        """Serialized non-tensor values: the byte ranges of the extra files the index names."""
+        manifest = checkpoint.manifest
+        index = parse_objects(manifest)
+        records = {f.path: f for f in manifest.extra_files}
+        by_file: dict[str, list[ReadItem]] = {}
         for item in items:
-            path, offset, length = index[item.storage_index.fqn]
-            if path not in contents:
-                contents[path] = _read_whole(checkpoint.path, path, records[path].size,
-                                             records[path].checksums["sha256"], self.verify)
-                self.object_bytes += len(contents[path])
-            planner.load_bytes(item, io.BytesIO(contents[path][offset : offset + length]))
+            by_file.setdefault(index[item.storage_index.fqn].path, []).append(item)
+        for path, its in by_file.items():
+            ranges = [(index[i.storage_index.fqn].offset, index[i.storage_index.fqn].length)
+                      for i in its]
+            blobs, read = read_ranges(checkpoint.path, records[path], ranges, self.verify)
+            self.object_bytes += read
+            for item, blob in zip(its, blobs, strict=True):
+                planner.load_bytes(item, self._object_stream(item.storage_index.fqn, blob))
+
+    def _object_stream(self, name: str, data: bytes) -> io.BytesIO:
+        """What DCP's planner unpickles (with ``weights_only=False``) for object ``name``: the
+        checkpoint's pickle when trusted, else the value unpickled with ``weights_only=True``
+        and pickled again by ``torch.save`` here."""
+        if self.trust_objects:
+            return io.BytesIO(data)
+        try:
+            value = torch.load(io.BytesIO(data), weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - torch.load raises many kinds; all refuse
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RequestError(Finding(
+                code="reshard-unsupported", file=MANIFEST_NAME,
+                json_path=f"$.metadata[{OBJECTS_KEY!r}][{name!r}]",
+                message=f"the non-tensor value {name!r} is a pickle that "
+                f"torch.load(weights_only=True) refuses ({reason[:300]}); unpickling it as DCP "
+                "does (weights_only=False) would run whatever code it names",
+                hint="only for a checkpoint you trust: Reader(..., trust_objects=True), or "
+                "allow its classes with torch.serialization.add_safe_globals")) from None
+        safe = io.BytesIO()
+        torch.save(value, safe)
+        safe.seek(0)
+        return safe
 
 
 def _stored_name(manifest: Manifest, name: str) -> str:
@@ -227,26 +282,91 @@ def _rounds(manifest: Manifest, items: list[ReadItem]) -> list[list[ReadItem]]:
     return rounds
 
 
-def _read_whole(root: Any, path: str, size: int, sha256: str, verify: bool) -> bytes:
-    """A small extra file, read whole: its size checked (SPEC 9.1), its digest when asked."""
+@dataclass(frozen=True)
+class _Refused:
+    """Metadata's ``storage_data`` when :meth:`Reader.read_metadata` refused the checkpoint."""
+
+    error: ShardspecError
+
+
+#: Bytes read at a time while an objects file is hashed: memory stays bounded by the objects
+#: wanted plus this, whatever the file's size.
+_CHUNK = 1024 * 1024
+
+
+def read_ranges(
+    root: Location, record: FileRecord, ranges: Sequence[tuple[int, int]], verify: bool
+) -> tuple[list[bytes], int]:
+    """The bytes of ``ranges`` (offset, length) of one listed file, and how many bytes were read.
+
+    Without ``verify``: each range alone (a positioned read; a ranged request in object
+    storage), the file's size checked first (SPEC 9.1). With it: the whole file streamed
+    through its digests (SPEC 9.2: they cover the whole file) a chunk at a time, each range
+    kept as it passes, so the bytes returned are the bytes verified, and none is returned
+    before the file is.
+    """
     if isinstance(root, RemoteRoot):
-        data = root.read(path, 0, size) if size else b""
-    else:
-        handle, actual = open_inside(root, path)
-        with handle:
-            if actual != size:
-                raise IntegrityError(Finding(
-                    code="file-size", file=path,
-                    message=f"the file has {actual} bytes, the manifest says {size}"))
-            data = handle.read()
-    if len(data) != size:
-        raise IntegrityError(Finding(code="file-size", file=path,
-                                     message=f"read {len(data)} bytes, the manifest says {size}"))
-    if verify:
-        digests, _ = digest_stream(io.BytesIO(data))
-        if digests["sha256"] != sha256:
+        source = RemoteObject(root, record.path, record.size)
+        if verify:
+            out, read = _captured(source.stream(0, record.size), record, ranges)
+        else:
+            out = [source.read(offset, offset + length) if length else b""
+                   for offset, length in ranges]
+            read = sum(len(data) for data in out)
+        source.finish()  # SPEC 9.3: the bytes read are of one version of the object
+        return out, read
+    handle, actual = open_inside(root, record.path)
+    with handle:
+        if actual != record.size:
             raise IntegrityError(Finding(
-                code="checksum-mismatch", file=path,
-                message="the file's sha256 differs from the manifest's: it is corrupt or was "
-                "changed"))
-    return data
+                code="file-size", file=record.path,
+                message=f"the file has {actual} bytes, the manifest says {record.size}"))
+        if verify:
+            return _captured(_chunks(handle), record, ranges)
+        out = [_read_at(handle, record.path, offset, length) for offset, length in ranges]
+        return out, sum(length for _, length in ranges)
+
+
+def _chunks(handle: io.FileIO) -> Iterator[memoryview]:
+    """A file's bytes from the start, in one reused buffer of :data:`_CHUNK` bytes."""
+    buffer = memoryview(bytearray(_CHUNK))
+    while got := handle.readinto(buffer):
+        yield buffer[:got]
+
+
+def _captured(
+    chunks: Iterable[bytes | memoryview], record: FileRecord, ranges: Sequence[tuple[int, int]]
+) -> tuple[list[bytes], int]:
+    """Feed ``chunks`` (a whole file, in order) to its digests, keeping ``ranges``; check both."""
+    digests = Digests(record.checksums)
+    kept = [bytearray(length) for _, length in ranges]
+    position = 0
+    for chunk in chunks:
+        digests.update(chunk)
+        end = position + len(chunk)
+        for (offset, length), buffer in zip(ranges, kept, strict=True):
+            low, high = max(offset, position), min(offset + length, end)
+            if low < high:
+                buffer[low - offset : high - offset] = chunk[low - position : high - position]
+        position = end
+    if position != record.size:
+        raise IntegrityError(Finding(
+            code="file-size", file=record.path,
+            message=f"read {position} bytes, the manifest says {record.size}"))
+    check_digests(record.path, record.checksums, digests.hexdigests())
+    return [bytes(buffer) for buffer in kept], position
+
+
+def _read_at(handle: io.FileIO, path: str, offset: int, length: int) -> bytes:
+    """``length`` bytes at ``offset``; a file that ends sooner is ``file-size`` (SPEC 9.1)."""
+    buffer = bytearray(length)
+    view, done = memoryview(buffer), 0
+    while done < length:
+        got = os.preadv(handle.fileno(), [view[done:]], offset + done)
+        if not got:
+            raise IntegrityError(Finding(
+                code="file-size", file=path,
+                message=f"the file ends before byte {offset + length}, where the manifest's "
+                "objects index and size place its last object"))
+        done += got
+    return bytes(buffer)

@@ -18,6 +18,8 @@ whole process. Median of ``--repeats`` for time, largest peak for memory.
 
 Run: ``PYTHONPATH=reference python benchmarks/bench_hostile.py [--repeats 3] [--json OUT]``.
 A small DCP object in a large objects file (issue 41 item 6) is benchmarks/bench_hostile_dcp.py.
+Hostile readers against the conformance runner (``shardspec conformance``) are
+benchmarks/bench_hostile_runner.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Registered on :data:`shardspec.cli.app` when :mod:`shardspec.cli` is imported. Exit status: 0
 every check passed, 1 some check failed (the report says which SPEC requirement), 2 the suite
-could not run (no vectors found, Hypothesis missing, a bad command).
+could not run (no vectors found, vectors damaged, Hypothesis missing, a bad command).
 """
 
 from __future__ import annotations
@@ -144,8 +144,8 @@ def conformance_command(
         show_default=False)] = None,
     timeout: Annotated[float, typer.Option(
         "--timeout", callback=lambda value: _reader_timeout(value),
-        help=f"Seconds one reader call may take before it is killed ({MIN_TIMEOUT} to "
-        f"{MAX_TIMEOUT:.0f}).")] = 60.0,
+        help=f"Seconds one reader call may take before it is killed, with every process it "
+        f"started ({MIN_TIMEOUT} to {MAX_TIMEOUT:.0f}).")] = 60.0,
     keep: Annotated[Path | None, typer.Option(
         "--keep", show_default=False,
         help="Where to keep the smallest failing generated checkpoint (default: a new "
@@ -159,7 +159,13 @@ def conformance_command(
     try:
         from ..testing.adapter import BatchReader, CommandReader
         from ..testing.profiles import conformance_defaults
-        from ..testing.runner import find_vectors, print_report, run_suite, write_junit
+        from ..testing.runner import (
+            VectorsDamaged,
+            find_vectors,
+            print_report,
+            run_suite,
+            write_junit,
+        )
     except ImportError as exc:  # Hypothesis is an optional dependency
         cannot_run(f"the conformance suite needs Hypothesis ({exc}); install it with "
                     "pip install 'shardspec[conformance]'")
@@ -193,6 +199,8 @@ def conformance_command(
             result = run_suite(under_test, vectors=vectors, examples=examples, seed=seed,
                                keep=keep, select=select, progress=cast("Progress", shown),
                                quick=quick)
+    except VectorsDamaged as exc:
+        cannot_run(str(exc))
     finally:
         if isinstance(under_test, BatchReader):
             under_test.close()

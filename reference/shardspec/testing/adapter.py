@@ -13,6 +13,12 @@ starts it once and sends it one request a line (the batch form, for readers whos
 slow, such as anything importing torch); :class:`PythonReader` calls a Python function
 in-process (fast, but without a time limit: for Python implementations and tests).
 :func:`read_output` parses an output file strictly.
+
+The command is third-party code, run within bounds (:mod:`~shardspec.testing.process`): only
+the last 64 KiB of what it prints is kept; at the time limit it is killed with every process
+of its group, and a process it leaves behind holding its output pipes is not waited for more
+than a second; its output file is read only if it is a regular file, and with ``expect`` only
+as far as the tensors expected (:mod:`~shardspec.testing.output`).
 """
 
 from __future__ import annotations
@@ -24,21 +30,26 @@ import re
 import select
 import shlex
 import shutil
-import signal
-import struct
+import stat
 import subprocess
-import tempfile
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol
+from typing import Protocol
 
 import torch
 
-from ..format.errors import SafetensorsError
-from ..format.safetensors_header import read_header
+from .output import (
+    OutputError,
+    RankTensors,
+    TensorData,
+    read_bounded,
+    read_output,
+    write_output,
+)
+from .process import CHUNK, GRACE, KEEP, Tail, drain, exited, kill_group, wait_exit
 
 __all__ = [
     "BatchReader",
@@ -63,16 +74,12 @@ IGNORE_EXTENSIONS_ENV = "SHARDSPEC_IGNORE_EXTENSIONS"
 #: Seconds one reader call may take before it is killed.
 DEFAULT_TIMEOUT = 60.0
 
-#: One loaded tensor: spec dtype name, shape in elements, raw bytes (SPEC 6.3 rule 8, 6.5).
-TensorData = tuple[str, tuple[int, ...], bytes]
-#: Everything one rank loads, by name.
-RankTensors = dict[str, TensorData]
+#: What an output may hold (see :func:`~shardspec.testing.output.read_bounded`).
+Expect = Iterable[Mapping[str, TensorData]]
 
 _TAIL = 4000
-
-
-class OutputError(Exception):
-    """The reader's output file is not a valid safetensors file."""
+#: The longest pause between two checks whether the batch command exited.
+_TICK = 0.05
 
 
 @dataclass(frozen=True)
@@ -85,10 +92,15 @@ class Outcome:
     seconds: float
     #: Whether OUTPUT_FILE exists after the call.
     wrote_output: bool
-    #: The parsed output, when it exists and is a valid safetensors file.
+    #: The parsed output, when it exists and is a valid safetensors file (read with an
+    #: expectation, a tensor unlike every one expected has its name, dtype and shape, but
+    #: empty bytes: see :attr:`output_bytes`).
     output: RankTensors | None = None
-    #: Why the output could not be parsed, when it exists but is not valid.
+    #: Why the output could not be parsed, when it exists but is not valid (or not a file).
     output_error: str | None = None
+    #: Bytes of tensor data the output's header declares, when it was parsed. With an
+    #: expectation, only the tensors like one expected are read: the others have empty bytes.
+    output_bytes: int | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -109,16 +121,30 @@ class Reader(Protocol):
             ignore_extensions: Sequence[str] = ()) -> Outcome: ...
 
 
-def _finish(exit_code: int | None, stderr: str, started: float, output: Path) -> Outcome:
+def _finish(exit_code: int | None, stderr: str, started: float, output: Path,
+            expect: Expect | None = None) -> Outcome:
     seconds = time.monotonic() - started
     stderr = stderr[-_TAIL:]
-    if not output.exists():
+    if not os.path.lexists(output):
         return Outcome(exit_code, stderr, seconds, wrote_output=False)
     try:
-        tensors = read_output(output)
+        tensors, size = read_bounded(output, expect)
     except OutputError as exc:
         return Outcome(exit_code, stderr, seconds, wrote_output=True, output_error=str(exc))
-    return Outcome(exit_code, stderr, seconds, wrote_output=True, output=tensors)
+    return Outcome(exit_code, stderr, seconds, wrote_output=True, output=tensors,
+                   output_bytes=size)
+
+
+def _clear(output: Path) -> None:
+    """Remove whatever is at OUTPUT_FILE: a previous output, or anything a reader put there."""
+    try:
+        mode = os.lstat(output).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(output, ignore_errors=True)
+    else:
+        output.unlink(missing_ok=True)
 
 
 _SHELL = re.compile(r"[|&;<>()$`\n]")
@@ -129,7 +155,10 @@ class CommandReader:
 
     The command string is split like a shell would (:func:`shlex.split`) and run without a
     shell, unless it uses shell syntax (pipes, redirections, ``$``, ``;``...): then it runs
-    under ``/bin/sh -c`` with the three arguments appended as ``"$@"``.
+    under ``/bin/sh -c`` with the three arguments appended as ``"$@"``. What it prints
+    (stdout and stderr) is read as it comes, the last 64 KiB kept; at the end of a call every
+    process left in its group is killed, and one that escaped it and holds its stdout is not
+    waited for more than a second.
     """
 
     def __init__(self, command: str, *, timeout: float = DEFAULT_TIMEOUT,
@@ -152,8 +181,11 @@ class CommandReader:
         return self.command
 
     def run(self, checkpoint: Path, rank: int, output: Path,
-            ignore_extensions: Sequence[str] = ()) -> Outcome:
-        output.unlink(missing_ok=True)
+            ignore_extensions: Sequence[str] = (), *, expect: Expect | None = None) -> Outcome:
+        """One call. ``expect``: the tensors the output may hold (what the rank must load, what
+        other ranks load): only those are read from it (see
+        :func:`~shardspec.testing.output.read_bounded`)."""
+        _clear(output)
         env = dict(os.environ)
         env.pop(IGNORE_EXTENSIONS_ENV, None)
         if ignore_extensions:
@@ -165,26 +197,29 @@ class CommandReader:
                                        stderr=subprocess.STDOUT, env=env, cwd=self.cwd,
                                        start_new_session=True)
         except OSError as exc:
-            return _finish(127, f"cannot run {argv[0]!r}: {exc}", started, output)
-        try:
-            out, _ = process.communicate(timeout=self.timeout)
-            code: int | None = process.returncode
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):  # the reader and its children
-                os.killpg(process.pid, signal.SIGKILL)
-            out, _ = process.communicate()
-            code = None
-            out += f"\n[killed after {self.timeout:g} s]".encode()
-        return _finish(code, out.decode("utf-8", "replace"), started, output)
+            return _finish(127, f"cannot run {argv[0]!r}: {exc}", started, output, expect)
+        tail = Tail()
+        timed_out, held = drain(process, tail, started + self.timeout)
+        said = tail.text()
+        if timed_out:
+            said += f"\n[killed after {self.timeout:g} s]"
+        elif held:
+            said += (f"\n[the reader exited, but a process it started still held its output: "
+                     f"not read after {GRACE:g} s more]")
+        return _finish(None if timed_out else process.returncode, said, started, output,
+                       expect)
 
 
 class BatchReader:
     """A reader command in the batch form: started once, it reads one request a line on stdin,
     ``CHECKPOINT_DIR<TAB>RANK<TAB>OUTPUT_FILE<TAB>IGNORE_EXTENSIONS`` (the last field the
     comma-separated names, maybe empty), and answers each with one line on stdout: ``ok`` once
-    the output file is written, or ``error`` and why. Anything it prints on stderr is kept for
-    the report. A request that takes longer than ``timeout`` kills the command (and everything
-    it started); the next request starts it again, as it does after the command exits.
+    the output file is written, or ``error`` and why. What it prints on stderr during a request
+    is kept for the report (the last 64 KiB). A request that takes longer than ``timeout``
+    kills the command (and everything it started); the next request starts it again, as it
+    does after the command exits. An answer longer than 64 KiB is not one; a command that
+    exits without answering is not waited for more than a second, even if a process it
+    started still holds its stdout.
     """
 
     def __init__(self, command: str, *, timeout: float = DEFAULT_TIMEOUT,
@@ -200,112 +235,162 @@ class BatchReader:
                 cwd or Path.cwd()).joinpath(self._argv[0]).is_file():
             raise ValueError(f"{self._argv[0]!r}: command not found")
         self._process: subprocess.Popen[bytes] | None = None
-        self._stderr: IO[bytes] | None = None
-        self._pending = b""
+        self._pending = bytearray()
 
     @property
     def name(self) -> str:
         return f"{self.command} (batch)"
 
     def _start(self) -> subprocess.Popen[bytes]:
-        if self._process is not None and self._process.poll() is None:
+        if self._process is not None and not exited(self._process):
             return self._process
         self.close()
-        # the command's stderr; read with pread only: the file offset is shared with it
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
         env = dict(os.environ)
         env.pop(IGNORE_EXTENSIONS_ENV, None)  # per request, in the line
         self._process = subprocess.Popen(self._argv, stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=self._stderr, env=env,
-                                         cwd=self.cwd, start_new_session=True)
-        self._pending = b""
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         env=env, cwd=self.cwd, start_new_session=True,
+                                         bufsize=0)
+        assert self._process.stdin is not None
+        os.set_blocking(self._process.stdin.fileno(), False)
+        self._pending = bytearray()
         return self._process
 
     def close(self) -> None:
-        """Stop the command (it is started again on the next request)."""
-        process, self._process = self._process, None
+        """Stop the command (it is started again on the next request): its stdin is closed,
+        and after 2 s it is killed, with whatever it left in its process group."""
+        process = self._process
         if process is not None:
             with contextlib.suppress(OSError):
                 if process.stdin:
                     process.stdin.close()
-            try:
-                process.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            if process.stdout:
-                process.stdout.close()
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
+            wait_exit(process, 2)
+        self._kill()
 
-    def _said(self, since: int) -> str:
-        """What the command wrote on stderr from byte ``since`` on."""
-        assert self._stderr is not None
-        fd = self._stderr.fileno()
-        size = os.fstat(fd).st_size
-        return os.pread(fd, size - since, since)[-_TAIL:].decode("utf-8", "replace")
+    def _kill(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        kill_group(process)
+        process.wait()
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
-    def _answer(self, process: subprocess.Popen[bytes], deadline: float
-                ) -> tuple[bytes | None, bool]:
-        """(one line of stdout, False); (None, False) at the deadline; (None, True) when
-        stdout closes first."""
-        assert process.stdout is not None
-        fd = process.stdout.fileno()
-        while b"\n" not in self._pending:
+    @staticmethod
+    def _pour(process: subprocess.Popen[bytes], tail: Tail, seconds: float = 0.0) -> None:
+        """What is on the command's stderr into ``tail``: what is there now, or whatever comes
+        for ``seconds`` (until it closes); never more than 4 MiB."""
+        assert process.stderr is not None
+        fd, poured = process.stderr.fileno(), 0
+        deadline = time.monotonic() + seconds
+        while poured < 4 * CHUNK:
+            ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0))
+            chunk = os.read(fd, CHUNK) if ready else b""
+            if not chunk:
+                return
+            tail.add(chunk)
+            poured += len(chunk)
+
+    @staticmethod
+    def _send(process: subprocess.Popen[bytes], data: bytes, deadline: float) -> bool:
+        """Write ``data`` to the command's stdin; False if the deadline comes first (OSError
+        if it closed its stdin)."""
+        assert process.stdin is not None
+        fd = process.stdin.fileno()
+        while data:
             left = deadline - time.monotonic()
             if left <= 0:
-                return None, False
-            ready, _, _ = select.select([fd], [], [], left)
-            if not ready:
-                return None, False
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return None, True
-            self._pending += chunk
-        line, _, self._pending = self._pending.partition(b"\n")
-        return line, False
+                return False
+            _, ready, _ = select.select([], [fd], [], left)
+            if ready:
+                data = data[os.write(fd, data):]
+        return True
+
+    def _answer(self, process: subprocess.Popen[bytes], tail: Tail, deadline: float
+                ) -> tuple[bytes | None, str]:
+        """(one line of stdout, ""), reading stderr into ``tail`` meanwhile; or (None, why):
+        "timeout" at the deadline, "long" for a line over 64 KiB, "closed" when stdout closes
+        or the command exits without answering (read for one second more)."""
+        assert process.stdout is not None and process.stderr is not None
+        out, err = process.stdout.fileno(), process.stderr.fileno()
+        reading = [out, err]
+        ended: float | None = None
+        pause = 0.001
+        while b"\n" not in self._pending:
+            now = time.monotonic()
+            if ended is None and exited(process):
+                kill_group(process)  # what it left in its group cannot answer for it
+                ended = now
+            if len(self._pending) > KEEP:
+                return None, "long"
+            if out not in reading or ended is not None and now >= ended + GRACE:
+                return None, "closed"
+            if ended is None and now >= deadline:
+                return None, "timeout"
+            left = (deadline if ended is None else ended + GRACE) - now
+            ready, _, _ = select.select(reading, [], [], max(min(left, pause), 0))
+            pause = 0.001 if ready else min(pause * 2, _TICK)
+            for fd in ready:
+                chunk = os.read(fd, CHUNK)
+                if not chunk:
+                    reading.remove(fd)
+                elif fd == out:
+                    self._pending += chunk
+                else:
+                    tail.add(chunk)
+        line, _, rest = bytes(self._pending).partition(b"\n")
+        self._pending = bytearray(rest)
+        return line, ""
 
     def run(self, checkpoint: Path, rank: int, output: Path,
-            ignore_extensions: Sequence[str] = ()) -> Outcome:
-        output.unlink(missing_ok=True)
+            ignore_extensions: Sequence[str] = (), *, expect: Expect | None = None) -> Outcome:
+        """One request (``expect``: see :meth:`CommandReader.run`)."""
+        _clear(output)
         fields = [str(checkpoint), str(rank), str(output), ",".join(ignore_extensions)]
         if any(c in f for f in fields for c in "\t\n"):
             raise ValueError(f"a batch request cannot carry a tab or a newline: {fields}")
         started = time.monotonic()
+        deadline = started + self.timeout
         try:
             process = self._start()
         except OSError as exc:
-            return _finish(127, f"cannot run {self._argv[0]!r}: {exc}", started, output)
-        assert process.stdin is not None and self._stderr is not None
-        since = os.fstat(self._stderr.fileno()).st_size
+            return _finish(127, f"cannot run {self._argv[0]!r}: {exc}", started, output, expect)
+        self._pour(process, Tail())  # what it printed between requests is not this one's
+        tail = Tail()
         try:
-            process.stdin.write(("\t".join(fields) + "\n").encode())
-            process.stdin.flush()
+            sent = self._send(process, ("\t".join(fields) + "\n").encode(), deadline)
         except OSError:  # the command exited: its stderr says why
-            self.close()
-            return _finish(127, "the batch reader exited before the request", started, output)
-        line, closed = self._answer(process, started + self.timeout)
+            self._pour(process, tail, GRACE)
+            self._kill()
+            return _finish(127, tail.text() + "\n[the batch reader exited before the request]",
+                           started, output, expect)
+        line, why = self._answer(process, tail, deadline) if sent else (None, "timeout")
         if line is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            said = self._said(since)
-            self.close()
-            if closed:
-                return _finish(1, said + "\n[the batch reader exited without answering]",
-                               started, output)
-            return _finish(None, said + f"\n[killed after {self.timeout:g} s]", started, output)
-        said = self._said(since)
+            kill_group(process)
+            self._pour(process, tail, GRACE)
+            self._kill()
+            said = tail.text()
+            if why == "timeout":
+                return _finish(None, said + f"\n[killed after {self.timeout:g} s]", started,
+                               output, expect)
+            if why == "long":
+                return _finish(1, said + f"\n[not a batch answer: over {KEEP} bytes on stdout "
+                               "without a newline; expected 'ok' or 'error ...']", started,
+                               output, expect)
+            return _finish(1, said + "\n[the batch reader exited without answering]",
+                           started, output, expect)
+        self._pour(process, tail)  # what it printed just before answering
+        said = tail.text()
         answer = line.decode("utf-8", "replace").strip()
         if answer == "ok":
-            return _finish(0, said, started, output)
+            return _finish(0, said, started, output, expect)
         if answer.startswith("error"):
-            return _finish(1, said + answer, started, output)
-        self.close()
+            return _finish(1, said + answer, started, output, expect)
+        self._kill()
         return _finish(1, said + f"[not a batch answer: {answer[:200]!r}; expected 'ok' or "
-                       "'error ...']", started, output)
+                       "'error ...']", started, output, expect)
 
     def __enter__(self) -> BatchReader:
         return self
@@ -318,9 +403,26 @@ class BatchReader:
 ReadFunction = Callable[[str, int, str, Sequence[str]], None]
 
 
+class _Said(io.StringIO):
+    """What a function prints: the last 64 KiB (characters) only."""
+
+    def write(self, text: str) -> int:
+        super().write(text)
+        if self.tell() > 2 * KEEP:
+            kept = super().getvalue()[-KEEP:]
+            self.seek(0)
+            self.truncate()
+            super().write(kept)
+        return len(text)
+
+    def getvalue(self) -> str:
+        return super().getvalue()[-KEEP:]
+
+
 class PythonReader:
     """A reader given as a Python function, called in-process: any exception is a refusal,
-    and its message is the reader's stderr. No time limit applies."""
+    and its message is the reader's stderr (what it prints, the last 64 KiB). No time limit
+    applies."""
 
     def __init__(self, function: ReadFunction, name: str | None = None) -> None:
         self.function = function
@@ -331,60 +433,21 @@ class PythonReader:
         return self._name
 
     def run(self, checkpoint: Path, rank: int, output: Path,
-            ignore_extensions: Sequence[str] = ()) -> Outcome:
-        output.unlink(missing_ok=True)
+            ignore_extensions: Sequence[str] = (), *, expect: Expect | None = None) -> Outcome:
+        """One call (``expect``: see :meth:`CommandReader.run`)."""
+        _clear(output)
         started = time.monotonic()
-        said = io.StringIO()
+        said = _Said()
         try:
             with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
                 self.function(str(checkpoint), rank, str(output), tuple(ignore_extensions))
         except Exception as exc:  # noqa: BLE001 - a refusal, whatever its type
             text = "".join(traceback.format_exception_only(type(exc), exc))
-            return _finish(1, said.getvalue() + text, started, output)
-        return _finish(0, said.getvalue(), started, output)
+            return _finish(1, said.getvalue() + text, started, output, expect)
+        return _finish(0, said.getvalue(), started, output, expect)
 
 
-# --- the output file -------------------------------------------------------------------------
-
-
-def read_output(path: Path) -> RankTensors:
-    """Parse a reader's output strictly (SPEC 6.3 rules 1-7): name -> (dtype, shape, bytes)."""
-    try:
-        with path.open("rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            header = read_header(handle, size, path.name)
-            data = handle.read()
-    except SafetensorsError as exc:
-        raise OutputError(str(exc)) from None
-    except OSError as exc:
-        raise OutputError(f"cannot read {path}: {exc}") from None
-    if len(data) != size - header.data_start:
-        raise OutputError(f"{path} changed while it was read")
-    return {name: (e.dtype.name, e.shape, data[e.begin : e.end])
-            for name, e in header.entries.items()}
-
-
-def write_output(path: Path | str, tensors: Mapping[str, TensorData]) -> None:
-    """Write ``tensors`` as a plain safetensors file with exact spec dtype names: entries
-    sorted by name, data back to back, the header padded with spaces to 8 bytes."""
-    import json
-
-    header: dict[str, object] = {}
-    offset = 0
-    for name in sorted(tensors):
-        dtype, shape, data = tensors[name]
-        header[name] = {"dtype": dtype, "shape": list(shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-(8 + len(text)) % 8)
-    target = Path(path)
-    partial = target.with_name(target.name + ".partial")
-    with partial.open("wb") as handle:
-        handle.write(struct.pack("<Q", len(text)) + text)
-        for name in sorted(tensors):
-            handle.write(tensors[name][2])
-    partial.replace(target)
+# --- the reference reader ------------------------------------------------------------------------
 
 
 def reference_load(checkpoint: str | os.PathLike[str], rank: int,

@@ -3,23 +3,22 @@
 :func:`run_suite` runs both parts and returns a :class:`SuiteResult`; :func:`print_report`
 prints it per SPEC requirement and :func:`write_junit` writes JUnit XML. The generated part is
 driven by Hypothesis: reproducible from its seed, and on a failure shrunk to the smallest
-failing checkpoint, which is kept on disk with what each rank must load.
+failing checkpoint, which is kept on disk with what each rank must load. The vectors part is
+:mod:`~shardspec.testing.vectors`; every reader call is made on a copy of its checkpoint
+(:mod:`~shardspec.testing.calls`).
 """
 
 from __future__ import annotations
 
-import fnmatch
-import importlib.util
 import itertools
 import json
 import random
 import shutil
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
@@ -29,15 +28,17 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..format.errors import ShardspecError
-from .adapter import Reader, read_output, reference_load, write_output
+from .adapter import Reader, write_output
 from .broken import broken_checkpoints, mutation_kinds
-from .checks import PROTOCOL, CheckResult, judge_load, judge_refusal
+from .calls import Pristine, call, copy_of, judge
+from .checks import PROTOCOL, CheckResult, judge_refusal
 from .mutations import Mutation
+from .progress import Progress, as_progress
 from .strategies import GeneratedCheckpoint, checkpoint_specs
+from .vectors import VectorsDamaged, find_vectors, run_vectors
 
-__all__ = ["TITLES", "Progress", "SuiteResult", "find_vectors", "print_report",
-           "run_generated", "run_suite", "run_vectors", "write_junit"]
+__all__ = ["TITLES", "Progress", "SuiteResult", "VectorsDamaged", "find_vectors",
+           "print_report", "run_generated", "run_suite", "run_vectors", "write_junit"]
 
 #: SPEC.md section titles, for the report.
 TITLES = {
@@ -109,166 +110,6 @@ class SuiteResult:
         return {r.requirement for r in self.failures}
 
 
-class Progress:
-    """Told what the suite does as it goes; the default does nothing. The command line shows
-    it (a status line on a terminal, a line every few seconds otherwise, each failure as it
-    comes)."""
-
-    def part(self, name: str, total: int) -> None:
-        """A part starts: ``name`` ("vectors", "generated") with ``total`` items."""
-
-    def item(self, label: str) -> None:
-        """The next item of the part: a vector's id, a generated checkpoint's number."""
-
-    def checked(self, result: CheckResult) -> None:
-        """One check is done (a failure may be shrunk and reported again at the end)."""
-
-
-def _progress(progress: Progress | Callable[[str], None] | None) -> Progress:
-    """A :class:`Progress`; a plain function is told each item's label (the older form)."""
-    if progress is None:
-        return Progress()
-    if not callable(progress):  # anything with part, item and checked
-        return progress
-    function = progress
-
-    class _Labels(Progress):
-        def item(self, label: str) -> None:
-            function(label)
-
-    return _Labels()
-
-
-# --- the vectors -----------------------------------------------------------------------------
-
-
-def find_vectors(start: Path | None = None) -> Path | None:
-    """The vectors of the same version as this package: those the wheel ships
-    (``shardspec/_conformance/vectors``), else conformance/vectors of the checkout this package
-    runs from, else under ``start`` (the current directory by default)."""
-    here = Path(__file__).resolve()
-    for candidate in (here.parents[1] / "_conformance" / "vectors",
-                      here.parents[3] / "conformance" / "vectors",
-                      (start or Path.cwd()) / "conformance" / "vectors"):
-        if candidate.is_dir() and any(candidate.glob("*/vector.json")):
-            return candidate
-    return None
-
-
-def _materializer(vectors: Path) -> Callable[[Path, Path], Path] | None:
-    """``materialize`` from the vectors' conformance/materialize.py (standard library only)."""
-    path = vectors.parent / "materialize.py"
-    if not path.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location("_shardspec_materialize", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    function: Callable[[Path, Path], Path] = module.materialize
-    return function
-
-
-def _aliases(root: Path) -> set[str]:
-    try:
-        data = json.loads((root / "shardspec.json").read_bytes())
-        return {n for n, r in data["tensors"].items() if "alias_of" in r}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return set()
-
-
-def _reference_ranks(root: Path, ignore: Sequence[str]) -> int | None:
-    """The world size the reference reader opens the checkpoint with, or None."""
-    import shardspec
-
-    try:
-        return shardspec.open(root, ignore_extensions=ignore).world_size
-    except Exception:  # noqa: BLE001 - a checkpoint the reference refuses as a whole
-        return None
-
-
-def run_vectors(reader: Reader, vectors: Path, *, select: str | None = None,
-                progress: Progress | Callable[[str], None] | None = None,
-                quick: bool = False) -> tuple[list[CheckResult], list[str]]:
-    """Every vector against ``reader``, or those whose id matches ``select``: globs separated
-    by commas, e.g. ``"valid-*,version-major-*"``. ``quick``: each vector on its first listed
-    rank only, without checking that the other ranks of a broken checkpoint still load."""
-    materialize = _materializer(vectors)
-    tell = _progress(progress)
-    results: list[CheckResult] = []
-    notes: list[str] = []
-    chosen = []
-    for path in sorted(vectors.glob("*/vector.json")):
-        vector = json.loads(path.read_text(encoding="utf-8"))
-        if not select or any(fnmatch.fnmatchcase(vector["id"], glob.strip())
-                             for glob in select.split(",")):
-            chosen.append((path.parent, vector))
-    tell.part("vectors", len(chosen))
-    for directory, vector in chosen:
-        tell.item(vector["id"])
-        with tempfile.TemporaryDirectory(prefix="shardspec-vector-") as tmp:
-            if vector.get("materialize"):
-                if materialize is None:
-                    notes.append(f"{vector['id']}: skipped, no materialize.py next to "
-                                 f"{vectors}")
-                    continue
-                root = materialize(directory, Path(tmp) / "materialized")
-            else:
-                root = directory / "checkpoint"
-            if quick:
-                vector = {**vector, "ranks": vector["ranks"][:1]}
-            results += _run_vector(reader, vector, directory, root, Path(tmp) / "out",
-                                   tell.checked, others=not quick)
-    return results, notes
-
-
-def _run_vector(reader: Reader, vector: dict[str, Any], directory: Path, root: Path,
-                out: Path, checked: Callable[[CheckResult], None], others: bool = True
-                ) -> list[CheckResult]:
-    section, ignore = vector["section"], vector.get("ignore_extensions", [])
-    out.mkdir()
-    output = out / "output.safetensors"
-    results = []
-
-    def check(rank: int, judged: tuple[tuple[str, ...], bool, str], stderr: str) -> None:
-        requirements, passed, message = judged
-        results.append(CheckResult(
-            f"vectors/{vector['id']}/rank-{rank}", requirements, passed, message,
-            reader_output="" if passed else stderr, part="vectors",
-            checkpoint=None if passed else str(directory),
-            extra={"description": vector["description"]}))
-        checked(results[-1])
-
-    if vector["valid"]:
-        expected = {r: read_output(directory / "expected" / f"rank-{r}.safetensors")
-                    for r in vector["ranks"]}
-        aliases = _aliases(root)
-        for rank in vector["ranks"]:
-            outcome = reader.run(root, rank, output, ignore)
-            check(rank, judge_load(outcome, expected[rank], rank=rank, sections=(section,),
-                                   others=expected, aliases=aliases), outcome.stderr)
-        return results
-    for rank in vector["ranks"]:
-        outcome = reader.run(root, rank, output, ignore)
-        check(rank, judge_refusal(outcome, section=section, code=vector["expected_code"]),
-              outcome.stderr)
-    # The ranks that do not read the broken part load normally, as the reference does.
-    for rank in range(_reference_ranks(root, ignore) or 0 if others else 0):
-        if rank in vector["ranks"]:
-            continue
-        try:
-            expected_rank = reference_load(root, rank, ignore)
-        except ShardspecError:
-            continue
-        outcome = reader.run(root, rank, output, ignore)
-        judged = judge_load(outcome, expected_rank, rank=rank, sections=(section,),
-                            aliases=_aliases(root))
-        if not judged[1]:
-            judged = (judged[0], False, f"rank {rank} does not read the broken part and must "
-                      f"load normally: {judged[2]}")
-        check(rank, judged, outcome.stderr)
-    return results
-
-
 # --- generated checkpoints -------------------------------------------------------------------
 
 
@@ -290,7 +131,7 @@ def _keep(base: Path, staging: Path, written: GeneratedCheckpoint, mutation: Mut
     shutil.rmtree(staging, ignore_errors=True)
     staging.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(base, staging, symlinks=True,
-                    ignore=shutil.ignore_patterns("output.safetensors*"))
+                    ignore=shutil.ignore_patterns("output.safetensors*", "copies"))
     expected = staging / "valid" / "expected"
     expected.mkdir(parents=True, exist_ok=True)
     for rank, tensors in written.expected.items():
@@ -312,6 +153,16 @@ def _keep(base: Path, staging: Path, written: GeneratedCheckpoint, mutation: Mut
         "broken/checkpoint/    the same, broken as failure.json's 'broken' says: the listed\n"
         "                      ranks must refuse it\n"
         "failure.json          what was generated, what failed and why\n", encoding="utf-8")
+
+
+def _broken(valid: Path, mutation: Mutation) -> Callable[[Path], Path]:
+    """A maker for :class:`Pristine`: the valid checkpoint copied, then broken (a copy of a
+    broken one could meet a FIFO)."""
+    def make(dest: Path) -> Path:
+        root = copy_of(valid)(dest)
+        mutation.apply(root)
+        return root
+    return make
 
 
 def run_generated(
@@ -361,9 +212,12 @@ def run_generated(
             written = spec.write(base / "valid" / "checkpoint")
             sections = spec.sections()
             results = []
+            ignore = written.ignore_extensions
+            valid = Pristine(copy_of(written.path), base / "copies" / "valid")
             for rank in range(written.world_size):
-                outcome = reader.run(written.path, rank, output, written.ignore_extensions)
-                requirements, passed, message = judge_load(
+                outcome = call(reader, valid.path(), rank, output, ignore,
+                               written.expected.values())
+                requirements, passed, message = judge(
                     outcome, written.expected[rank], rank=rank, sections=sections,
                     others=written.expected, aliases=written.aliases)
                 results.append(CheckResult(
@@ -376,8 +230,9 @@ def run_generated(
             broken = base / "broken" / "checkpoint"
             shutil.copytree(written.path, broken, symlinks=True)
             mutation.apply(broken)
+            copies = Pristine(_broken(written.path, mutation), base / "copies" / "broken")
             for rank in mutation.ranks:
-                outcome = reader.run(broken, rank, output, written.ignore_extensions)
+                outcome = call(reader, copies.path(), rank, output, ignore, ())
                 requirements, passed, message = judge_refusal(outcome, section=mutation.section,
                                                               code=mutation.code)
                 if not passed:
@@ -439,7 +294,7 @@ def run_suite(
     named in the report)."""
     seed = random.SystemRandom().randrange(2**32) if seed is None else seed
     result = SuiteResult(reader=reader.name, seed=seed, vectors=vectors)
-    tell = _progress(progress)
+    tell = as_progress(progress)
     if vectors is not None:
         results, notes = run_vectors(reader, vectors, select=select, progress=tell,
                                      quick=quick)

@@ -84,13 +84,15 @@ def test_minimal_reader_passes_the_whole_suite_as_a_command(tmp_path: Path) -> N
     junit = tmp_path / "junit.xml"
     result = invoke("--reader", f"{PYTHON} {shlex.quote(str(MINIMAL))}", "--examples",
                     str(EXAMPLES), "--seed", "0", "--junit", str(junit),
-                    "--keep", str(tmp_path / "kept"))
+                    "--keep", str(tmp_path / "kept"), "--implements", "blake2b")
     assert result.exit_code == 0, result.output
     assert "PASS" in result.output
     suites = ET.parse(junit).getroot()
     assert suites.get("failures") == "0"
     vectors, generated = suites.findall("testsuite")
     assert int(vectors.get("tests", "0")) >= 200
+    assert any("checksum-mismatch-blake2b-only" in (case.get("name") or "")
+               for case in vectors.iter("testcase"))  # declared, so it ran
     assert int(generated.get("tests", "0")) >= EXAMPLES
     assert not (tmp_path / "kept").exists()
 
@@ -115,6 +117,68 @@ def test_minimal_reader_reports_each_vectors_code(tmp_path: Path) -> None:
             assert caught.value.code == vector["expected_code"], (vector["id"], str(caught.value))
 
 
+def _minimal_variant(tmp_path: Path, change: str) -> CommandReader:
+    """The minimal reader as a command, with ``change`` (Python) applied to its module ``m``."""
+    script = tmp_path / "variant.py"
+    script.write_text(
+        "import importlib.util, os, sys\n"
+        f"spec = importlib.util.spec_from_file_location('m', {str(MINIMAL)!r})\n"
+        "m = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(m)\n"
+        f"{change}\n"
+        "sys.exit(m.main(sys.argv[1:]))\n")
+    return CommandReader(f"{PYTHON} {shlex.quote(str(script))}")
+
+
+def test_a_reader_without_blake2b_passes_unless_it_declares_it(tmp_path: Path) -> None:
+    """Issue 41 item 16: BLAKE2b is OPTIONAL to implement (SPEC 9.2 rule 3), yet the vector
+    checksum-mismatch-blake2b-only failed every reader that skips it. It now runs only for
+    readers that declare it (--implements blake2b); others skip it with a note."""
+    reader = _minimal_variant(tmp_path, "m.DIGESTS = ('sha256',)")
+    results, notes = run_vectors(reader, VECTORS, select="checksum-mismatch-*")
+    assert results and all(r.passed for r in results), [r.message for r in results
+                                                          if not r.passed]
+    assert not any("blake2b-only" in r.check for r in results)
+    assert any("checksum-mismatch-blake2b-only: skipped" in n and "--implements blake2b" in n
+               for n in notes), notes
+    declared, _ = run_vectors(reader, VECTORS, select="checksum-mismatch-blake2b-only",
+                              implements=["blake2b"])
+    assert declared and not any(r.passed for r in declared)  # it declared what it lacks
+    full, _ = run_vectors(CommandReader(f"{PYTHON} {shlex.quote(str(MINIMAL))}"), VECTORS,
+                          select="checksum-mismatch-blake2b-only", implements=["blake2b"])
+    assert full and all(r.passed for r in full)
+
+
+def test_an_unknown_optional_feature_is_a_usage_error() -> None:
+    result = invoke("--reader", "true", "--implements", "blake3", "--examples", "0")
+    assert result.exit_code == 2
+    assert "blake3" in result.output and "blake2b" in result.output
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["command", "batch"])
+def test_ignore_extensions_are_read_with_spaces_trimmed(tmp_path: Path, batch: bool) -> None:
+    """Issue 41 item 17: SHARDSPEC_IGNORE_EXTENSIONS is cut at commas, with spaces and tabs
+    around each item removed and empty items skipped. The vector sets it as a person would
+    write it by hand; a reader that keeps the spaces refuses the checkpoint."""
+    select = "valid-extension-ignored-by-user-spaced"
+    if batch:
+        script = CONFORMANCE / "examples" / "reference_reader.py"
+        trims: Any = BatchReader(f"{PYTHON} {shlex.quote(str(script))} --batch")
+    else:
+        trims = CommandReader(f"{PYTHON} {shlex.quote(str(MINIMAL))}")
+    try:
+        results, _ = run_vectors(trims, VECTORS, select=select)
+    finally:
+        if batch:
+            trims.close()
+    assert results and all(r.passed for r in results), [r.message for r in results]
+    keeps = _minimal_variant(tmp_path, "m.ignored_extensions = lambda: [n for n in os.environ"
+                             ".get('SHARDSPEC_IGNORE_EXTENSIONS', '').split(',') if n]")
+    results, _ = run_vectors(keeps, VECTORS, select=select)
+    assert results and not any(r.passed for r in results)
+    assert "extension-unsupported" in results[0].message + results[0].reader_output
+
+
 def test_minimal_reader_uses_neither_torch_nor_the_reference_package() -> None:
     source = MINIMAL.read_text(encoding="utf-8")
     imports = set(re.findall(r"^\s*(?:import|from)\s+(\w+)", source, re.MULTILINE))
@@ -124,7 +188,7 @@ def test_minimal_reader_uses_neither_torch_nor_the_reference_package() -> None:
 
 def test_reference_reader_passes_the_whole_suite(tmp_path: Path) -> None:
     result = run_suite(PythonReader(reference_read, "reference"), vectors=VECTORS,
-                       examples=EXAMPLES, seed=1, keep=tmp_path)
+                       examples=EXAMPLES, seed=1, keep=tmp_path, implements=["blake2b"])
     assert result.ok, [f"{f.check}: {f.message}" for f in result.failures]
     assert result.examples == EXAMPLES
     assert len([r for r in result.results if r.part == "vectors"]) >= 200
@@ -198,7 +262,8 @@ def test_batch_reader_loads_like_the_command_form(tmp_path: Path) -> None:
 
 def test_quick_checks_each_vector_once_and_few_generated(tmp_path: Path) -> None:
     result = invoke("--reader", f"{PYTHON} {shlex.quote(str(MINIMAL))}", "--quick",
-                    "--keep", str(tmp_path / "kept"), "--junit", str(tmp_path / "j.xml"))
+                    "--keep", str(tmp_path / "kept"), "--junit", str(tmp_path / "j.xml"),
+                    "--implements", "blake2b")
     assert result.exit_code == 0, result.output
     vectors, generated = ET.parse(tmp_path / "j.xml").getroot().findall("testsuite")
     ranked = [p for p in VECTORS.glob("*/vector.json")

@@ -28,7 +28,8 @@ def main(read: Callable[[str, int, str, Sequence[str]], None], argv: list[str]) 
     if len(argv) != 3 or not re.fullmatch(r"[0-9]{1,9}", argv[1]):
         print("usage: CHECKPOINT_DIR RANK OUTPUT_FILE", file=sys.stderr)
         return 2
-    ignore = [n for n in os.environ.get("SHARDSPEC_IGNORE_EXTENSIONS", "").split(",") if n]
+    ignore = [n for item in os.environ.get("SHARDSPEC_IGNORE_EXTENSIONS", "").split(",")
+            if (n := item.strip(" \t"))]
     try:
         read(argv[0], int(argv[1]), argv[2], ignore)
     except Exception as exc:  # noqa: BLE001 - every refusal, whatever its type

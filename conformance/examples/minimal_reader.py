@@ -38,6 +38,10 @@ from typing import Any, NamedTuple, NoReturn
 
 __all__ = ["ReadError", "Tensor", "load_rank", "main", "read", "to_numpy", "write_safetensors"]
 
+#: The digests this reader verifies (SPEC 9.2): sha256 is REQUIRED, blake2b OPTIONAL (it
+#: declares it: --implements blake2b).
+DIGESTS = ("sha256", "blake2b")
+
 # --- 12. Limits ------------------------------------------------------------------------------
 
 MANIFEST_NAME = "shardspec.json"
@@ -817,7 +821,7 @@ def load_rank(
                 fail("st-extra-tensor", f"{path!r} holds {name!r}, which the manifest does "
                      "not place there")
         for algorithm, expected in record["checksums"].items():  # (f) 9.2, before any return
-            if algorithm in ("sha256", "blake2b") and \
+            if algorithm in DIGESTS and \
                     hashlib.new(algorithm, blob).hexdigest() != expected:
                 fail("checksum-mismatch", f"{path!r}: {algorithm} differs from the manifest")
         for name, (dtype, shape, begin, end) in entries.items():  # (e) 7.2 rule 6
@@ -868,7 +872,8 @@ def to_numpy(tensor: Tensor) -> Any:
 
 
 def ignored_extensions() -> list[str]:
-    return [n for n in os.environ.get("SHARDSPEC_IGNORE_EXTENSIONS", "").split(",") if n]
+    return [n for item in os.environ.get("SHARDSPEC_IGNORE_EXTENSIONS", "").split(",")
+            if (n := item.strip(" \t"))]
 
 
 def read(directory: str, rank: int, output: str, ignore_extensions: Collection[str] = ()) -> None:

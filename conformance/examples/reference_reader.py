@@ -47,6 +47,12 @@ def load(checkpoint: str, rank: str, output: str, ignore: Sequence[str]) -> str 
     return None
 
 
+def extension_names(text: str) -> list[str]:
+    """SHARDSPEC_IGNORE_EXTENSIONS's names: cut at commas, spaces and tabs around each removed,
+    empty items skipped (conformance/README.md)."""
+    return [name for item in text.split(",") if (name := item.strip(" \t"))]
+
+
 def batch() -> int:
     """Answer one request a line until stdin closes."""
     for line in sys.stdin:
@@ -56,7 +62,7 @@ def batch() -> int:
             continue
         checkpoint, rank, output, ignore = fields
         try:
-            problem = load(checkpoint, rank, output, [n for n in ignore.split(",") if n])
+            problem = load(checkpoint, rank, output, extension_names(ignore))
         except Exception as exc:  # noqa: BLE001 - any failure refuses this request only
             traceback.print_exc()
             problem = f"{type(exc).__name__}: {exc}"
@@ -72,7 +78,7 @@ def main(argv: list[str]) -> int:
         print("usage: reference_reader.py CHECKPOINT_DIR RANK OUTPUT_FILE | --batch",
               file=sys.stderr)
         return 2
-    ignore = [n for n in os.environ.get("SHARDSPEC_IGNORE_EXTENSIONS", "").split(",") if n]
+    ignore = extension_names(os.environ.get("SHARDSPEC_IGNORE_EXTENSIONS", ""))
     problem = load(argv[0], argv[1], argv[2], ignore)
     if problem is not None:
         print(f"error {problem}", file=sys.stderr)

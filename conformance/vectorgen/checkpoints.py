@@ -210,7 +210,9 @@ class Vector:
     materialize: str | None = None
     materialize_path: str | None = None
     ignore_extensions: list[str] = field(default_factory=list)
+    ignore_extensions_text: str | None = None
     validator_also: list[str] = field(default_factory=list)
+    requires: list[str] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
@@ -230,8 +232,12 @@ class Vector:
             out["materialize_path"] = self.materialize_path
         if self.ignore_extensions:
             out["ignore_extensions"] = self.ignore_extensions
+        if self.ignore_extensions_text is not None:
+            out["ignore_extensions_text"] = self.ignore_extensions_text
         if self.validator_also:
             out["validator_also"] = self.validator_also
+        if self.requires:
+            out["requires"] = self.requires
         return out
 
 

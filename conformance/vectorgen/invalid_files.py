@@ -222,8 +222,9 @@ def invalid_file_vectors() -> list[Vector]:
     add("checksum-mismatch", "blake2b-only", "Rank 0's record lists its file's right sha256 "
         "and a wrong blake2b: every listed digest a reader knows is verified (9.2 rule 5), "
         "whether it copies, maps or reshards the file. blake2b is OPTIONAL to implement (rule "
-        "3): a reader without it cannot tell, and does not pass this vector; every reader of "
-        "conformance/examples implements it.", edit(tp1, wrong_blake2b), [0], verify=True)
+        "3), so the vector requires it: it runs only for readers that declare it "
+        "(--implements blake2b), as every reader of conformance/examples does.",
+        edit(tp1, wrong_blake2b), [0], verify=True, requires=["blake2b"])
     add("checksum-mismatch", "extra-file", "config.json changed in place (same size). Only a "
         "validator reports it: readers do not open extra files (ranks is empty).",
         edit(tp2, flip("config.json", 2)), [], verify=True)

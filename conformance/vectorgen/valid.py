@@ -261,6 +261,13 @@ def valid_vectors() -> list[Vector]:
         "allows ignoring by name (ignore_extensions): warning extension-ignored instead of "
         "error extension-unsupported (compare extension-unsupported-must-understand).", ck,
         warnings=["extension-ignored"], ignore_extensions=["org.example.provenance"])
+    add("extension-ignored-by-user-spaced", "4.4", "As extension-ignored-by-user, with "
+        "SHARDSPEC_IGNORE_EXTENSIONS written by hand: ' org.example.provenance , ,' "
+        "(ignore_extensions_text). The adapter protocol cuts it at each comma, removes spaces "
+        "and tabs around each item and skips empty items, so it names the one extension: a "
+        "reader that keeps the spaces refuses the checkpoint with extension-unsupported.", ck,
+        warnings=["extension-ignored"], ignore_extensions=["org.example.provenance"],
+        ignore_extensions_text=" org.example.provenance , ,")
 
     entries = [("a.u8", "U8", (3,), bytes([1, 2, 3])),
                ("b.f32", "F32", (2,), struct.pack("<2f", 1.5, -2.25)),

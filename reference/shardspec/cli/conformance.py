@@ -146,6 +146,11 @@ def conformance_command(
         "--timeout", callback=lambda value: _reader_timeout(value),
         help=f"Seconds one reader call may take before it is killed, with every process it "
         f"started ({MIN_TIMEOUT} to {MAX_TIMEOUT:.0f}).")] = 60.0,
+    implements: Annotated[str | None, typer.Option(
+        "--implements", show_default=False,
+        help="What the reader implements of what the SPEC makes OPTIONAL, comma-separated: "
+        "blake2b (SPEC 9.2 rule 3). Vectors that need one it does not declare are skipped, "
+        "each with a note.")] = None,
     keep: Annotated[Path | None, typer.Option(
         "--keep", show_default=False,
         help="Where to keep the smallest failing generated checkpoint (default: a new "
@@ -160,6 +165,7 @@ def conformance_command(
         from ..testing.adapter import BatchReader, CommandReader
         from ..testing.profiles import conformance_defaults
         from ..testing.runner import (
+            OPTIONAL_FEATURES,
             VectorsDamaged,
             find_vectors,
             print_report,
@@ -174,6 +180,11 @@ def conformance_command(
         default_examples, default_seed = conformance_defaults()
     except ValueError as exc:
         cannot_run(str(exc))
+    declared = [name.strip() for name in (implements or "").split(",") if name.strip()]
+    unknown = sorted(set(declared) - set(OPTIONAL_FEATURES))
+    if unknown:
+        cannot_run(f"--implements {implements!r}: unknown {', '.join(unknown)}; the OPTIONAL "
+                   f"features are {', '.join(sorted(OPTIONAL_FEATURES))}")
     if examples is None:
         examples = QUICK_EXAMPLES if quick else default_examples
     seed = default_seed if seed is None else seed
@@ -198,7 +209,7 @@ def conformance_command(
         with _Shown() as shown:
             result = run_suite(under_test, vectors=vectors, examples=examples, seed=seed,
                                keep=keep, select=select, progress=cast("Progress", shown),
-                               quick=quick)
+                               quick=quick, implements=declared)
     except VectorsDamaged as exc:
         cannot_run(str(exc))
     finally:

@@ -6,7 +6,9 @@ rank loads (every name, aliases included, with the spec dtype, the shape in elem
 bytes) and exits 0. For an invalid checkpoint it exits non-zero, writes no output and should say
 why on stderr. It MUST verify checksums (SPEC 9.2) on every call, and MUST treat the
 comma-separated names in the environment variable ``SHARDSPEC_IGNORE_EXTENSIONS`` as the
-must-understand extensions its user allows ignoring (SPEC 4.4 rule 3).
+must-understand extensions its user allows ignoring (SPEC 4.4 rule 3): the text is cut at each
+comma, spaces and tabs around each item are removed, and empty items are skipped
+(:func:`ignore_names`; so ``" a , b,"`` names ``a`` and ``b``).
 
 :class:`CommandReader` runs such a command with a per-call time limit; :class:`BatchReader`
 starts it once and sends it one request a line (the batch form, for readers whose start-up is
@@ -56,12 +58,15 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "IGNORE_EXTENSIONS_ENV",
     "CommandReader",
+    "IgnoreExtensions",
     "Outcome",
     "OutputError",
     "PythonReader",
     "Reader",
     "RankTensors",
     "TensorData",
+    "ignore_names",
+    "ignore_text",
     "read_output",
     "reference_load",
     "reference_read",
@@ -71,6 +76,23 @@ __all__ = [
 
 #: Names of must-understand extensions the user allows ignoring, comma-separated (SPEC 4.4).
 IGNORE_EXTENSIONS_ENV = "SHARDSPEC_IGNORE_EXTENSIONS"
+
+#: What a reader is told it may ignore: the extension names, or the text of
+#: SHARDSPEC_IGNORE_EXTENSIONS exactly as it is to be set (a vector's ``ignore_extensions_text``).
+IgnoreExtensions = Sequence[str] | str
+
+
+def ignore_text(ignore: IgnoreExtensions) -> str:
+    """SHARDSPEC_IGNORE_EXTENSIONS's text: ``ignore`` as given, or its names joined by commas."""
+    return ignore if isinstance(ignore, str) else ",".join(ignore)
+
+
+def ignore_names(ignore: IgnoreExtensions) -> tuple[str, ...]:
+    """The names SHARDSPEC_IGNORE_EXTENSIONS's text gives: cut at each comma, spaces and tabs
+    around each item removed, empty items skipped."""
+    if not isinstance(ignore, str):
+        return tuple(ignore)
+    return tuple(name for item in ignore.split(",") if (name := item.strip(" \t")))
 #: Seconds one reader call may take before it is killed.
 DEFAULT_TIMEOUT = 60.0
 
@@ -118,7 +140,7 @@ class Reader(Protocol):
     def name(self) -> str: ...
 
     def run(self, checkpoint: Path, rank: int, output: Path,
-            ignore_extensions: Sequence[str] = ()) -> Outcome: ...
+            ignore_extensions: IgnoreExtensions = ()) -> Outcome: ...
 
 
 def _finish(exit_code: int | None, stderr: str, started: float, output: Path,
@@ -181,7 +203,8 @@ class CommandReader:
         return self.command
 
     def run(self, checkpoint: Path, rank: int, output: Path,
-            ignore_extensions: Sequence[str] = (), *, expect: Expect | None = None) -> Outcome:
+            ignore_extensions: IgnoreExtensions = (), *, expect: Expect | None = None
+            ) -> Outcome:
         """One call. ``expect``: the tensors the output may hold (what the rank must load, what
         other ranks load): only those are read from it (see
         :func:`~shardspec.testing.output.read_bounded`)."""
@@ -189,7 +212,7 @@ class CommandReader:
         env = dict(os.environ)
         env.pop(IGNORE_EXTENSIONS_ENV, None)
         if ignore_extensions:
-            env[IGNORE_EXTENSIONS_ENV] = ",".join(ignore_extensions)
+            env[IGNORE_EXTENSIONS_ENV] = ignore_text(ignore_extensions)
         argv = [*self._argv, str(checkpoint), str(rank), str(output)]
         started = time.monotonic()
         try:
@@ -345,10 +368,11 @@ class BatchReader:
         return line, ""
 
     def run(self, checkpoint: Path, rank: int, output: Path,
-            ignore_extensions: Sequence[str] = (), *, expect: Expect | None = None) -> Outcome:
+            ignore_extensions: IgnoreExtensions = (), *, expect: Expect | None = None
+            ) -> Outcome:
         """One request (``expect``: see :meth:`CommandReader.run`)."""
         _clear(output)
-        fields = [str(checkpoint), str(rank), str(output), ",".join(ignore_extensions)]
+        fields = [str(checkpoint), str(rank), str(output), ignore_text(ignore_extensions)]
         if any(c in f for f in fields for c in "\t\n"):
             raise ValueError(f"a batch request cannot carry a tab or a newline: {fields}")
         started = time.monotonic()
@@ -433,14 +457,15 @@ class PythonReader:
         return self._name
 
     def run(self, checkpoint: Path, rank: int, output: Path,
-            ignore_extensions: Sequence[str] = (), *, expect: Expect | None = None) -> Outcome:
+            ignore_extensions: IgnoreExtensions = (), *, expect: Expect | None = None
+            ) -> Outcome:
         """One call (``expect``: see :meth:`CommandReader.run`)."""
         _clear(output)
         started = time.monotonic()
         said = _Said()
         try:
             with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
-                self.function(str(checkpoint), rank, str(output), tuple(ignore_extensions))
+                self.function(str(checkpoint), rank, str(output), ignore_names(ignore_extensions))
         except Exception as exc:  # noqa: BLE001 - a refusal, whatever its type
             text = "".join(traceback.format_exception_only(type(exc), exc))
             return _finish(1, said.getvalue() + text, started, output, expect)
@@ -451,14 +476,14 @@ class PythonReader:
 
 
 def reference_load(checkpoint: str | os.PathLike[str], rank: int,
-                   ignore_extensions: Sequence[str] = ()) -> RankTensors:
+                   ignore_extensions: IgnoreExtensions = ()) -> RankTensors:
     """What the reference reader loads for ``rank``, verifying checksums, as the protocol
     writes it: each name with the spec dtype and element shape the manifest gives (F4 and F6
     come back from torch packed; the bytes are the same)."""
     import shardspec
     from shardspec.format.manifest import Alias, TensorRecord
 
-    opened = shardspec.open(checkpoint, ignore_extensions=ignore_extensions)
+    opened = shardspec.open(checkpoint, ignore_extensions=ignore_names(ignore_extensions))
     tensors = opened.load_rank(rank, "cpu", verify=True)
     out: RankTensors = {}
     for name, tensor in tensors.items():
@@ -473,7 +498,7 @@ def reference_load(checkpoint: str | os.PathLike[str], rank: int,
 
 
 def reference_read(checkpoint: str, rank: int, output: str,
-                   ignore_extensions: Sequence[str] = ()) -> None:
+                   ignore_extensions: IgnoreExtensions = ()) -> None:
     """The reference reader by the adapter protocol (see :func:`reference_load`)."""
     write_output(output, reference_load(checkpoint, rank, ignore_extensions))
 

@@ -16,7 +16,7 @@ import random
 import shutil
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -35,9 +35,10 @@ from .checks import PROTOCOL, CheckResult, judge_refusal
 from .mutations import Mutation
 from .progress import Progress, as_progress
 from .strategies import GeneratedCheckpoint, checkpoint_specs
-from .vectors import VectorsDamaged, find_vectors, run_vectors
+from .vectors import OPTIONAL_FEATURES, VectorsDamaged, find_vectors, run_vectors
 
-__all__ = ["TITLES", "Progress", "SuiteResult", "VectorsDamaged", "find_vectors",
+__all__ = ["OPTIONAL_FEATURES", "TITLES", "Progress", "SuiteResult", "VectorsDamaged",
+           "find_vectors",
            "print_report", "run_generated", "run_suite", "run_vectors", "write_junit"]
 
 #: SPEC.md section titles, for the report.
@@ -286,18 +287,20 @@ def run_suite(
     shrink: bool = True,
     progress: Progress | Callable[[str], None] | None = None,
     quick: bool = False,
+    implements: Collection[str] = (),
 ) -> SuiteResult:
     """The golden vectors (all, or those matching ``select``), then ``examples`` generated
     checkpoints (with a random seed when ``seed`` is None; the seed used is in the result).
-    ``quick``: each vector on its first rank only, and no shrinking of a failure. The smallest
-    failing generated checkpoint is kept under ``keep`` (default: a new temporary directory,
-    named in the report)."""
+    ``quick``: each vector on its first rank only, and no shrinking of a failure.
+    ``implements``: the OPTIONAL features the reader declares (see :func:`run_vectors`). The
+    smallest failing generated checkpoint is kept under ``keep`` (default: a new temporary
+    directory, named in the report)."""
     seed = random.SystemRandom().randrange(2**32) if seed is None else seed
     result = SuiteResult(reader=reader.name, seed=seed, vectors=vectors)
     tell = as_progress(progress)
     if vectors is not None:
         results, notes = run_vectors(reader, vectors, select=select, progress=tell,
-                                     quick=quick)
+                                     quick=quick, implements=implements)
         result.results += results
         result.notes += notes
     if examples > 0:

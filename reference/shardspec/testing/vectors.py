@@ -14,21 +14,26 @@ import hashlib
 import importlib.util
 import json
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ..format.errors import ShardspecError
-from .adapter import Reader, read_output, reference_load
+from .adapter import Reader, ignore_names, read_output, reference_load
 from .calls import Pristine, call, copy_of, judge
 from .checks import CheckResult, judge_refusal
 from .progress import Progress, as_progress
 
-__all__ = ["DIGESTS", "VectorsDamaged", "check_vectors", "find_vectors", "run_vectors"]
+__all__ = ["DIGESTS", "OPTIONAL_FEATURES", "VectorsDamaged", "check_vectors", "find_vectors",
+           "run_vectors"]
 
 #: The file of ``vectors/`` that lists each vector file's SHA-256, as ``sha256sum`` writes it.
 DIGESTS = "SHA256SUMS"
+
+#: What the SPEC makes OPTIONAL to implement, that a vector may require (its ``requires``),
+#: and the rule that makes it so. A reader declares what it implements (``--implements``).
+OPTIONAL_FEATURES = {"blake2b": "SPEC 9.2 rule 3"}
 
 
 class VectorsDamaged(Exception):
@@ -128,10 +133,13 @@ def _reference_ranks(root: Path, ignore: Sequence[str]) -> int | None:
 
 def run_vectors(reader: Reader, vectors: Path, *, select: str | None = None,
                 progress: Progress | Callable[[str], None] | None = None,
-                quick: bool = False) -> tuple[list[CheckResult], list[str]]:
+                quick: bool = False, implements: Collection[str] = ()
+                ) -> tuple[list[CheckResult], list[str]]:
     """Every vector against ``reader``, or those whose id matches ``select``: globs separated
     by commas, e.g. ``"valid-*,version-major-*"``. ``quick``: each vector on its first listed
     rank only, without checking that the other ranks of a broken checkpoint still load.
+    ``implements``: the OPTIONAL features (:data:`OPTIONAL_FEATURES`) the reader declares; a
+    vector that ``requires`` one it does not is skipped, with a note.
     The vectors run are checked first (:func:`check_vectors`): VectorsDamaged."""
     globs = [glob.strip() for glob in select.split(",")] if select else []
 
@@ -151,6 +159,13 @@ def run_vectors(reader: Reader, vectors: Path, *, select: str | None = None,
     check_vectors(vectors, lambda name: wanted(name) or name in names)
     tell.part("vectors", len(chosen))
     for directory, vector in chosen:
+        missing = sorted(set(vector.get("requires", ())) - set(implements))
+        if missing:
+            notes.append(f"{vector['id']}: skipped, it needs {', '.join(missing)}, OPTIONAL to "
+                         f"implement ({', '.join(OPTIONAL_FEATURES[m] for m in missing)}); a "
+                         f"reader that implements it says so with --implements "
+                         f"{','.join(missing)}")
+            continue
         tell.item(vector["id"])
         with tempfile.TemporaryDirectory(prefix="shardspec-vector-",
                                          ignore_cleanup_errors=True) as tmp:
@@ -173,7 +188,9 @@ def run_vectors(reader: Reader, vectors: Path, *, select: str | None = None,
 def _run_vector(reader: Reader, vector: dict[str, Any], directory: Path, root: Pristine,
                 out: Path, checked: Callable[[CheckResult], None], others: bool = True
                 ) -> list[CheckResult]:
-    section, ignore = vector["section"], vector.get("ignore_extensions", [])
+    # The text SHARDSPEC_IGNORE_EXTENSIONS is set to, as the vector gives it, else its names.
+    section = vector["section"]
+    ignore = vector.get("ignore_extensions_text", vector.get("ignore_extensions", []))
     out.mkdir()
     output = out / "output.safetensors"
     results = []
@@ -201,7 +218,7 @@ def _run_vector(reader: Reader, vector: dict[str, Any], directory: Path, root: P
         check(rank, judge_refusal(outcome, section=section, code=vector["expected_code"]),
               outcome.stderr)
     # The ranks that do not read the broken part load normally, as the reference does.
-    for rank in range(_reference_ranks(root.path(), ignore) or 0 if others else 0):
+    for rank in range(_reference_ranks(root.path(), ignore_names(ignore)) or 0 if others else 0):
         if rank in vector["ranks"]:
             continue
         try:

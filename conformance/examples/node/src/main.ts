@@ -71,7 +71,10 @@ function main(argv: string[]): number {
   }
   const [dir, rank, output] = argv as [string, string, string];
   const ignore = new Set(
-    (process.env["SHARDSPEC_IGNORE_EXTENSIONS"] ?? "").split(",").map((s) => s.trim()).filter((s) => s !== ""),
+    (process.env["SHARDSPEC_IGNORE_EXTENSIONS"] ?? "")
+      .split(",")
+      .map((s) => s.replace(/^[ \t]+|[ \t]+$/g, ""))
+      .filter((s) => s !== ""),
   );
   const warnings: Warning[] = [];
   const report = (): void => {

@@ -30,7 +30,8 @@ fn main() -> ExitCode {
     }
     // must-understand extensions the user allows ignoring (SPEC 4.4 rule 3)
     let ignore: Vec<String> = std::env::var("SHARDSPEC_IGNORE_EXTENSIONS").unwrap_or_default()
-        .split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+        .split(',').map(|s| s.trim_matches([' ', '\t']).to_string()).filter(|s| !s.is_empty())
+        .collect();
     let mut warnings = Vec::new();
     let result = reader::load_rank(Path::new(&args[1]), &args[2].to_string_lossy(), &ignore,
                                    &mut warnings);

@@ -33,8 +33,17 @@ from ..format.ties import Box, packing, tied_box
 from . import fp8
 from .heads import cut_heads, query_first
 from .hf import HFSource, SourceTensor
+from .patterns import PatternIndex
 from .quantized import Base, Quantized, find_quantized
-from .tp_plan import PlanError, TPPlan, match_pattern, resolve_plan, split_dim, split_sizes
+from .tp_plan import (
+    MAX_PATTERN_CHARS,
+    PlanError,
+    TPPlan,
+    best_matches,
+    resolve_plan,
+    split_dim,
+    split_sizes,
+)
 
 __all__ = ["LM_HEAD", "EMBEDDING_NAMES", "FUSED_MLP", "Plan", "Split", "Tied", "plan_splits"]
 
@@ -136,14 +145,25 @@ def _tied_embedding(source: HFSource) -> str | None:
 
 def _expand_stages(names: list[str], stages: Mapping[str, int] | None) -> dict[str, int]:
     """Stage overrides given by pattern (as in plans) -> by tensor name."""
-    out: dict[str, int] = {}
-    for pattern, stage in (stages or {}).items():
+    stages = dict(stages or {})
+    for pattern, stage in stages.items():
         if isinstance(stage, bool) or not isinstance(stage, int):
             raise PlanError(f"stage override {pattern!r}: the stage must be an integer")
-        matched = [n for n in names if match_pattern(pattern, n) is not None]
-        if not matched:
-            raise PlanError(f"stage override {pattern!r} matches no tensor")
-        out.update({n: stage for n in matched})
+        if not isinstance(pattern, str) or len(pattern) > MAX_PATTERN_CHARS:
+            raise PlanError(f"stage override {str(pattern)[:60]!r}: a pattern is a string of "
+                            f"at most {MAX_PATTERN_CHARS} characters")
+    index = PatternIndex(stages)
+    out: dict[str, int] = {}
+    used: set[int] = set()
+    for name in names:
+        matched = best_matches(index, name, ("model.",))
+        if matched:  # the last override that names it, as each replaced the ones before
+            last = max(matched)
+            out[name] = stages[index.patterns[last]]
+        used.update(matched)
+    unused = [p for i, p in enumerate(index.patterns) if i not in used]
+    if unused:
+        raise PlanError(f"stage override {unused[0]!r} matches no tensor")
     return out
 
 

@@ -62,11 +62,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from ..format.json_text import load_json
 from .library_plans import base_prefix, transformers_knows, transformers_plan
+from .patterns import PatternIndex, glob
 
 __all__ = [
     "BUILTIN_MODEL_TYPES",
@@ -82,6 +84,7 @@ __all__ = [
     "REPLICATED",
     "STYLES",
     "TPPlan",
+    "best_matches",
     "load_plan_file",
     "match_pattern",
     "resolve_plan",
@@ -212,32 +215,6 @@ BUILTIN_MODEL_TYPES = frozenset(MODEL_PLANS)
 MAX_PATTERN_CHARS = 1024
 
 
-def _glob(pattern: str, name: str) -> bool:
-    """Whether ``name`` matches ``pattern`` whole, ``*`` standing for any run of characters
-    other than ``.``: dot-separated segment by segment, each with the two-pointer wildcard
-    match, so that at worst it takes len(pattern) x len(name) steps; a regular expression
-    backtracks exponentially on a pattern of many stars."""
-    parts, segments = pattern.split("."), name.split(".")
-    return len(parts) == len(segments) and all(
-        _segment(p, s) for p, s in zip(parts, segments, strict=True))
-
-
-def _segment(pattern: str, text: str) -> bool:
-    p = t = 0
-    star, resume = -1, 0  # the last star seen, and where in text its run would end next
-    while t < len(text):
-        if p < len(pattern) and pattern[p] == "*":
-            star, resume, p = p, t, p + 1
-        elif p < len(pattern) and pattern[p] == text[t]:
-            p, t = p + 1, t + 1
-        elif star >= 0:  # let the last star take one more character
-            resume += 1
-            p, t = star + 1, resume
-        else:
-            return False
-    return all(c == "*" for c in pattern[p:])
-
-
 def match_pattern(pattern: str, name: str, prefixes: tuple[str, ...] = ("model.",)
                   ) -> int | None:
     """0 if ``pattern`` names the tensor ``name``, 1 if it names its module, else None.
@@ -246,13 +223,32 @@ def match_pattern(pattern: str, name: str, prefixes: tuple[str, ...] = ("model."
     if len(pattern) > MAX_PATTERN_CHARS:
         raise PlanError(f"a plan pattern has {len(pattern)} characters, more than "
                         f"{MAX_PATTERN_CHARS}: {pattern[:60]!r}...")
-    candidates = [name] + [name[len(p):] for p in prefixes if name.startswith(p)]
-    if any(_glob(pattern, n) for n in candidates):
+    candidates = _candidates(name, prefixes)
+    if any(glob(pattern, n) for n in candidates):
         return 0
     modules = [n.rpartition(".")[0] for n in candidates]
-    if any(m and _glob(pattern, m) for m in modules):
+    if any(m and glob(pattern, m) for m in modules):
         return 1
     return None
+
+
+def _candidates(name: str, prefixes: tuple[str, ...]) -> list[str]:
+    """``name``, and ``name`` without each of ``prefixes`` it starts with."""
+    return [name] + [name[len(p):] for p in prefixes if name.startswith(p)]
+
+
+def best_matches(index: PatternIndex, name: str, prefixes: tuple[str, ...]
+                 ) -> dict[int, int]:
+    """Pattern index -> 0 where it names tensor ``name``, 1 where only its module (as
+    :func:`match_pattern`), for every pattern of ``index`` that matches."""
+    out: dict[int, int] = {}
+    for candidate in _candidates(name, prefixes):
+        whole, module = index.matches(candidate)
+        for i in module:
+            out.setdefault(i, 1)
+        for i in whole:
+            out[i] = 0
+    return out
 
 
 @dataclass(frozen=True)
@@ -281,18 +277,21 @@ class TPPlan:
         if self.unnamed is not None:
             _check_style(self.unnamed, f"{self.source}: the style of unnamed tensors")
 
+    @cached_property
+    def _index(self) -> PatternIndex:
+        return PatternIndex(self.patterns)
+
     def style_of(self, name: str) -> str | None:
-        """The style of tensor ``name``, or None where no pattern matches."""
-        best: tuple[int, int, int, int] | None = None
-        style = None
-        for index, (pattern, candidate) in enumerate(self.patterns.items()):
-            kind = match_pattern(pattern, name, self.prefixes)
-            if kind is None:
-                continue
-            key = (kind, pattern.count("*"), -len(pattern), index)
-            if best is None or key < best:
-                best, style = key, candidate
-        return style
+        """The style of tensor ``name``, or None where no pattern matches: of the patterns
+        that match, one naming the tensor over one naming its module, then the one with
+        the fewest stars, then the longest, then the first."""
+        patterns = self._index.patterns
+        found = best_matches(self._index, name, self.prefixes)
+        if not found:
+            return None
+        best = min(found, key=lambda i: (found[i], patterns[i].count("*"), -len(patterns[i]),
+                                         i))
+        return self.patterns[patterns[best]]
 
     def unnamed_of(self, names: Iterable[str]) -> list[str]:
         """The ``names`` no pattern names: they get :attr:`unnamed`."""

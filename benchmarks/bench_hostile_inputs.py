@@ -1,0 +1,198 @@
+"""Hostile inputs other than a manifest (issue 41): time and peak memory of each CLI command.
+
+The bound of issue 41, the one bench_hostile.py checks on manifests: no input under 10 MB makes
+a command take more than 5 s or 1 GiB. Here the inputs are the ones round three added, each
+about 10 MB (the conformance runner is bench_hostile_runner.py, DCP objects
+bench_hostile_dcp.py):
+
+- ``convert`` of a small Hugging Face directory whose ``config.json``, ``model.safetensors.
+  index.json``, ``--plan`` or ``--stages`` file nests 5 million levels deep;
+- ``convert`` with a ``--plan`` of many-star patterns (each as long as allowed, 1024
+  characters) and with a ``config.json`` of 10 MB of keys (wide, not deep);
+- ``import`` of a distributed save whose file's ``DCP_SHARDING_INFO`` nests deeply;
+- ``validate s3://...`` with ``SHARDSPEC_STORAGE_OPTIONS`` nesting deeply (answered before any
+  request; 120 KB, as Linux caps one environment string at 128 KiB).
+
+Each command runs in a fresh child process through ``shardspec.cli.main`` (torch imported
+before the clock, as the commands import it); time is the command alone, memory the child's
+peak resident set (``ru_maxrss``, imports included). Median of ``--repeats`` for time, largest
+peak for memory. The answer column is the exit status: 2 is the clean refusal expected of
+every deep input.
+
+Run: ``PYTHONPATH=reference python benchmarks/bench_hostile_inputs.py [--repeats 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from hf_helpers import llama_tensors, write_hf_dir  # noqa: E402
+
+SECONDS, BYTES = 5.0, 1024**3
+SIZE = 10_000_000  # bytes of each hostile input
+ENV_SIZE = 120_000  # Linux caps one environment string at 128 KiB (MAX_ARG_STRLEN)
+
+_CHILD = r"""
+import json, os, resource, sys, time
+import torch  # what the commands import lazily: before the clock
+from shardspec.cli import main
+args = json.loads(sys.argv[1])
+result = os.dup(2)
+out = os.open(os.devnull, os.O_WRONLY); os.dup2(out, 1); os.dup2(out, 2)
+sys.argv = ["shardspec", *args]
+started = time.perf_counter()
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+else:
+    code = 0
+elapsed = time.perf_counter() - started
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+os.write(result, ("\nRESULT " + json.dumps([elapsed, peak, f"exit {code}"]) + "\n").encode())
+"""
+
+
+def deep(size: int = SIZE) -> str:
+    half = size // 2
+    return "[" * half + "]" * half
+
+
+def many_star_plan(size: int = SIZE) -> str:
+    pattern = "model." + "*a" * 505  # 1016 characters, and an index: about the longest allowed
+    count = size // (len(pattern) + 12)
+    return json.dumps({f"{pattern}{i}": "colwise" for i in range(count)})
+
+
+def wide_config(base: dict[str, object], size: int = SIZE) -> str:
+    extra = {f"key_{i:07d}": i for i in range(size // 20)}
+    return json.dumps({**base, **extra})
+
+
+Case = Callable[[Path, Path], list[str]]  # (hf dir, work dir) -> command arguments
+
+
+def cases() -> dict[str, tuple[Case, str]]:
+    def convert(hf: Path, work: Path, *more: str) -> list[str]:
+        return ["convert", str(hf), str(work / "out"), "--tp", "2", *more]
+
+    def deep_config(hf: Path, work: Path) -> list[str]:
+        (hf / "config.json").write_text(deep())
+        return convert(hf, work)
+
+    def wide(hf: Path, work: Path) -> list[str]:
+        base = json.loads((hf / "config.json").read_text())
+        (hf / "config.json").write_text(wide_config(base))
+        return convert(hf, work)
+
+    def deep_index(hf: Path, work: Path) -> list[str]:
+        (hf / "model.safetensors.index.json").write_text(deep())
+        return convert(hf, work)
+
+    def deep_plan(hf: Path, work: Path) -> list[str]:
+        (work / "plan.json").write_text(deep())
+        return convert(hf, work, "--plan", str(work / "plan.json"))
+
+    def star_plan(hf: Path, work: Path) -> list[str]:
+        (work / "plan.json").write_text(many_star_plan())
+        return convert(hf, work, "--plan", str(work / "plan.json"))
+
+    def deep_stages(hf: Path, work: Path) -> list[str]:
+        (work / "stages.json").write_text(deep())
+        return ["convert", str(hf), str(work / "out"), "--tp", "1", "--pp", "2", "--stages",
+                str(work / "stages.json")]
+
+    def deep_sharding_info(hf: Path, work: Path) -> list[str]:
+        from safetensors.torch import save_file
+        save = work / "save"
+        save.mkdir()
+        shutil.copy(hf / "config.json", save / "config.json")
+        save_file({"w": torch.zeros(4)}, str(save / "shard-00001-model-00001-of-00001"
+                                                   ".safetensors"),
+                  metadata={"DCP_SHARDING_INFO": deep()})
+        return ["import", str(save)]
+
+    def deep_options(hf: Path, work: Path) -> list[str]:
+        os.environ["SHARDSPEC_STORAGE_OPTIONS"] = deep(ENV_SIZE)
+        return ["validate", "s3://bucket/ckpt", "--json"]
+
+    return {
+        "convert-deep-config": (deep_config, "config.json nested 5 million levels"),
+        "convert-wide-config": (wide, "config.json of 500,000 keys"),
+        "convert-deep-index": (deep_index, "model.safetensors.index.json nested deeply"),
+        "convert-deep-plan": (deep_plan, "--plan nested deeply"),
+        "convert-many-star-plan": (star_plan, "--plan of ~9,700 patterns of ~1020 characters, "
+                                   "505 stars each"),
+        "convert-deep-stages": (deep_stages, "--stages nested deeply"),
+        "import-deep-sharding-info": (deep_sharding_info, "DCP_SHARDING_INFO nested deeply"),
+        "validate-deep-storage-options": (deep_options, "SHARDSPEC_STORAGE_OPTIONS nested "
+                                          "60,000 levels (120 KB)"),
+    }
+
+
+def run(args: list[str]) -> tuple[float, int, str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "reference")}
+    done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True,
+                          text=True, env=env, timeout=600)
+    line = [x for x in done.stderr.splitlines() if x.startswith("RESULT ")]
+    if not line:
+        raise RuntimeError(f"{args}: no result\n{done.stderr[-2000:]}")
+    elapsed, peak, answer = json.loads(line[-1][7:])
+    return elapsed, peak, answer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", help="comma-separated case names")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    print(f"python {platform.python_version()}, {os.cpu_count()} cpus, load average "
+          f"{os.getloadavg()[0]:.1f} at start; bound {SECONDS:g} s, {BYTES / 2**30:g} GiB peak "
+          f"RSS; median of {args.repeats}")
+    print("| input | what | answer | s | peak RSS MiB | within bound |")
+    print("|---|---|---|---:|---:|---|")
+    rows = []
+    chosen = cases()
+    if args.only:
+        chosen = {k: v for k, v in chosen.items() if k in args.only.split(",")}
+    tensors = llama_tensors(layers=2, hidden=64, heads=4, kv_heads=2, dtype=torch.bfloat16)
+    for name, (make, what) in chosen.items():
+        runs = []
+        for _ in range(args.repeats):
+            with tempfile.TemporaryDirectory(prefix="shardspec-hostile-") as tmp:
+                hf = write_hf_dir(Path(tmp) / "hf", tensors, shards=2)
+                saved = os.environ.get("SHARDSPEC_STORAGE_OPTIONS")
+                try:
+                    runs.append(run(make(hf, Path(tmp))))
+                finally:
+                    os.environ.pop("SHARDSPEC_STORAGE_OPTIONS", None)
+                    if saved is not None:
+                        os.environ["SHARDSPEC_STORAGE_OPTIONS"] = saved
+        seconds = statistics.median(r[0] for r in runs)
+        peak = max(r[1] for r in runs)
+        ok = seconds <= SECONDS and peak <= BYTES
+        rows.append({"input": name, "what": what, "answer": runs[0][2],
+                     "seconds": [r[0] for r in runs], "peak_rss": peak, "within_bound": ok})
+        print(f"| {name} | {what} | {runs[0][2]} | {seconds:.2f} | {peak / 2**20:.0f} | "
+              f"{'pass' if ok else 'FAIL'} |", flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

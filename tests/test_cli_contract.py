@@ -46,7 +46,8 @@ def _json_error(result: object) -> dict[str, object]:
 # --- --json errors ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", [["validate"], ["inspect"], ["files", "--rank", "0"]])
+@pytest.mark.parametrize("command", [["validate"], ["inspect"], ["files", "--rank", "0"],
+                                     ["fetch-config", "out"]])
 def test_errors_honour_json(tmp_path: Path, command: list[str]) -> None:
     result = runner.invoke(app, [command[0], str(tmp_path / "nonexistent"), *command[1:],
                                  "--json"])
@@ -100,7 +101,7 @@ def test_rank_local_refusals_exit_alike_in_reshard_and_merge(tmp_path: Path) -> 
 
 
 def test_an_invalid_checkpoint_exits_1(ckpt: Path) -> None:
-    (ckpt / "model-rank-1-part-0.safetensors").unlink()
+    (ckpt / "shard-00002-model-00001-of-00001.safetensors").unlink()
     result = runner.invoke(app, ["validate", str(ckpt)])
     assert result.exit_code == 1 and "file-missing" in result.output
 
@@ -117,7 +118,8 @@ def test_messages_name_flags_not_python_arguments(hf: Path, ckpt: Path, tmp_path
         assert "pass --overwrite" in text and "overwrite=True" not in text
 
 
-@pytest.mark.parametrize("command", ["convert", "reshard", "merge", "validate", "inspect"])
+@pytest.mark.parametrize("command", ["convert", "reshard", "merge", "validate", "inspect",
+                                     "fetch-config"])
 def test_flags_show_as_flags_in_help(command: str) -> None:
     result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
@@ -153,7 +155,7 @@ def test_inspect_never_cuts_names_in_a_pipe(hf: Path, tmp_path: Path) -> None:
     convert(hf, tmp_path / "pp", tp_size=2, pp_size=2)
     result = runner.invoke(app, ["inspect", str(tmp_path / "pp")])
     assert result.exit_code == 0
-    assert "model-rank-3-pp-1-ep-0-tp-1-part-0.safetensors" in result.output
+    assert "shard-00004-model-00001-of-00001.safetensors" in result.output
     assert "…" not in result.output
 
 

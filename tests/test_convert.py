@@ -96,7 +96,8 @@ def test_convert_tp2_layout_and_files(hf: tuple[Path, dict[str, torch.Tensor]],
     manifest = convert(src, dst, tp_size=2)
     assert manifest.layout.tp_size == 2 and manifest.layout.pp_size == 1
     assert sorted(p.name for p in dst.iterdir() if p.suffix == ".safetensors") == [
-        "model-rank-0-part-0.safetensors", "model-rank-1-part-0.safetensors"]
+        "shard-00001-model-00001-of-00001.safetensors",
+        "shard-00002-model-00001-of-00001.safetensors"]  # torch's distributed names
     extras = sorted(f.path for f in manifest.extra_files)
     assert extras == ["config.json", "nested/chat_template.jinja", "tokenizer.json",
                       "tokenizer_config.json"]
@@ -237,12 +238,20 @@ def test_tied_embedding_alias_at_pp1_own_tensor_at_pp2(tmp_path: Path) -> None:
     rank0 = shardspec.load_rank(tmp_path / "pp1", 0, device="cpu")
     assert rank0["lm_head.weight"] is rank0["model.embed_tokens.weight"]
     assert torch.equal(rank0["lm_head.weight"], tensors["model.embed_tokens.weight"][:32])
+    # --untie-embeddings: the LM head a tensor of its own, as transformers' distributed save
+    # has it (torch's reader, which transformers loads through, knows no alias).
+    hf_names = convert(src, tmp_path / "hf-names", tp_size=2, untie_embeddings=True)
+    assert isinstance(hf_names.tensors["lm_head.weight"], TensorRecord)
+    assert isinstance(hf_names.tensors["model.embed_tokens.weight"], TensorRecord)
+    rank1 = shardspec.load_rank(tmp_path / "hf-names", 1, device="cpu")
+    assert torch.equal(rank1["lm_head.weight"], tensors["model.embed_tokens.weight"][32:])
+    assert torch.equal(rank1["model.embed_tokens.weight"], rank1["lm_head.weight"])
     two = convert(src, tmp_path / "pp2", tp_size=2, pp_size=2)
     assert isinstance(two.tensors["lm_head.weight"], TensorRecord)
     assert isinstance(two.tensors["model.embed_tokens.weight"], TensorRecord)
     last = shardspec.load_rank(tmp_path / "pp2", 3, device="cpu")
     assert torch.equal(last["lm_head.weight"], tensors["model.embed_tokens.weight"][32:])
-    for name in ("pp1", "pp2"):
+    for name in ("pp1", "hf-names", "pp2"):
         merge(tmp_path / name, tmp_path / f"merged-{name}")
         merged = load_hf_dir(tmp_path / f"merged-{name}")
         assert "lm_head.weight" not in merged
@@ -267,7 +276,7 @@ def test_existing_destination_refused_unless_overwrite(
         convert(src, tmp_path / "ckpt", tp_size=1)
     manifest = convert(src, tmp_path / "ckpt", tp_size=1, overwrite=True)
     assert manifest.world_size == 1
-    assert not (tmp_path / "ckpt" / "model-rank-1-part-0.safetensors").exists()
+    assert not (tmp_path / "ckpt" / "shard-00002-model-00001-of-00001.safetensors").exists()
     with pytest.raises(ValueError, match="another directory"):
         convert(src, src, tp_size=1)
 
@@ -357,7 +366,7 @@ def test_merge_refuses_a_corrupt_checkpoint(hf: tuple[Path, dict[str, torch.Tens
                                             tmp_path: Path) -> None:
     src, _ = hf
     convert(src, tmp_path / "ckpt", tp_size=2)
-    data = tmp_path / "ckpt" / "model-rank-1-part-0.safetensors"
+    data = tmp_path / "ckpt" / "shard-00002-model-00001-of-00001.safetensors"
     raw = bytearray(data.read_bytes())
     raw[-1] ^= 0xFF
     data.write_bytes(bytes(raw))

@@ -36,11 +36,11 @@ def _flip_a_data_byte(path: Path) -> None:
 
 def test_reshard_refuses_a_flipped_byte(tmp_path: Path) -> None:
     ckpt = _checkpoint(tmp_path, 2)
-    _flip_a_data_byte(ckpt / "model-rank-1-part-0.safetensors")
+    _flip_a_data_byte(ckpt / "shard-00002-model-00001-of-00001.safetensors")
     with pytest.raises(IntegrityError, match="sha256") as info:
         reshard(ckpt, tmp_path / "out", Layout(tp_size=1))
     assert info.value.code == "checksum-mismatch"
-    assert info.value.finding.file == "model-rank-1-part-0.safetensors"
+    assert info.value.finding.file == "shard-00002-model-00001-of-00001.safetensors"
     assert not (tmp_path / "out" / "shardspec.json").exists()
     result = CliRunner().invoke(app, ["reshard", str(ckpt), str(tmp_path / "cli"), "--tp", "1"])
     assert result.exit_code == 1, result.output
@@ -52,7 +52,7 @@ def test_reshard_refuses_a_flipped_byte(tmp_path: Path) -> None:
 
 def test_merge_refuses_a_flipped_byte(tmp_path: Path) -> None:
     ckpt = _checkpoint(tmp_path, 2)
-    _flip_a_data_byte(ckpt / "model-rank-0-part-0.safetensors")
+    _flip_a_data_byte(ckpt / "shard-00001-model-00001-of-00001.safetensors")
     with pytest.raises(IntegrityError, match="sha256"):
         merge(ckpt, tmp_path / "merged")
     assert not (tmp_path / "merged" / "model.safetensors").exists()
@@ -73,5 +73,5 @@ def test_each_source_file_is_hashed_once_per_reshard(tmp_path: Path,
     monkeypatch.setattr(reshard_load, "_verify", counting)
     reshard(ckpt, tmp_path / "tp4", Layout(tp_size=4))
     # 4 target ranks all read rank 0's one file: it is hashed once, not four times
-    assert hashed == Counter({"model-rank-0-part-0.safetensors": 1})
+    assert hashed == Counter({"shard-00001-model-00001-of-00001.safetensors": 1})
     assert shardspec.validate(tmp_path / "tp4", checksums=True).ok

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,70 @@ def test_sigkill_during_overwrite_leaves_old_checkpoint_or_no_manifest(tmp_path:
             outcomes["new"] += 1
     # The sweep really interrupted writes, not only finished ones.
     assert outcomes["uncommitted"] + outcomes["old"] > 0, outcomes
+
+
+class _Crash(BaseException):
+    """The process dies here (not an Exception: nothing may catch it on the way)."""
+
+
+def _counted(real: Callable[..., None], events: list[int], crash_at: int
+             ) -> Callable[..., None]:
+    """``real``, then a crash after the ``crash_at``-th rename or removal of the write."""
+    def event(*args: object, **kwargs: object) -> None:
+        real(*args, **kwargs)
+        events[0] += 1
+        if events[0] == crash_at:
+            raise _Crash
+    return event
+
+
+def test_convert_stopped_at_any_step_is_replaced_by_a_rerun_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``convert`` writes torch's file names, which no leftover pattern matches (a distributed
+    save of transformers has the same): it claims them first. Stopped after any rename or
+    removal of an overwrite (TP 4 -> TP 2), the directory is the old checkpoint, the new one
+    or no checkpoint, and a rerun at TP 1 replaces it (without overwrite where only data files
+    and the claim are left) leaving exactly its own files."""
+    from hf_helpers import llama_tensors, write_hf_dir
+    from shardspec.convert import convert
+
+    src = write_hf_dir(tmp_path / "hf", llama_tensors(hidden=64, heads=4, kv_heads=4),
+                       kv_heads=4)
+    convert(src, tmp_path / "tp1", tp_size=1)
+    want = sorted(os.listdir(tmp_path / "tp1"))
+    real_replace, real_unlink = os.replace, os.unlink
+    step, outcomes = 0, {"old": 0, "none": 0, "new": 0}
+    while True:
+        step += 1
+        target = tmp_path / f"ckpt-{step}"
+        convert(src, target, tp_size=4)
+        events = [0]
+        monkeypatch.setattr(os, "replace", _counted(real_replace, events, step))
+        monkeypatch.setattr(os, "unlink", _counted(real_unlink, events, step))
+        try:
+            convert(src, target, tp_size=2, overwrite=True)
+            finished = True
+        except _Crash:
+            finished = False
+        monkeypatch.undo()
+        committed = (target / "shardspec.json").exists()
+        if committed:
+            assert shardspec.validate(target, checksums=True).ok
+            world = shardspec.open(target).world_size
+            outcomes["new" if world == 2 else "old"] += 1
+        else:
+            outcomes["none"] += 1
+        extras = {n for n in os.listdir(target) if not n.endswith(".safetensors")
+                  and n not in (".shardspec-writing", "shardspec.json")}
+        try:  # without overwrite where only data files and the claim are left
+            convert(src, target, tp_size=1)
+            assert not committed and not extras, step
+        except FileExistsError as exc:
+            assert "pass overwrite=True" in str(exc), step  # never "never removes them"
+            assert committed or extras, step
+            convert(src, target, tp_size=1, overwrite=True)
+        assert sorted(os.listdir(target)) == want, step
+        assert shardspec.validate(target, checksums=True).ok
+        if finished:
+            break
+    assert outcomes["old"] and outcomes["none"] and outcomes["new"], outcomes

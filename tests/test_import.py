@@ -167,7 +167,7 @@ def test_import_recognizes_vllm_sharded_state(tmp_path: Path) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
-@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("tp", [1, 2, 4])
 def test_torchs_huggingface_reader_reads_a_converted_checkpoint_bit_exact(
         saved: tuple[Path, Path], tmp_path: Path, tp: int) -> None:
     """Each data file says where its entries lie (``DCP_SHARDING_INFO``): torch's own reader

@@ -319,6 +319,42 @@ def test_convert_writes_to_a_prefix(tmp_path: Path, prefix: str) -> None:
     assert shardspec.validate(prefix, checksums=True).ok
 
 
+def test_an_interrupted_convert_to_a_prefix_is_replaced_and_a_users_save_kept(
+        tmp_path: Path, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """convert's torch-named objects are claimed before the first is put: a rerun replaces
+    what an interrupted convert left (its claim lists it), and shard-* objects that no
+    manifest or claim lists are refused, never removed, even with overwrite."""
+    source = write_hf_dir(tmp_path / "hf", llama_tensors())
+    original = RemoteRoot.put_file
+
+    def fail_second(self: RemoteRoot, relative: str, source: str) -> None:
+        if relative.startswith("shard-00002"):
+            raise shardspec.StorageError(shardspec.Finding(code="storage-failed", message="x"))
+        original(self, relative, source)
+
+    monkeypatch.setattr(RemoteRoot, "put_file", fail_second)
+    with pytest.raises(shardspec.StorageError):
+        convert(source, prefix, tp_size=2)
+    monkeypatch.undo()
+    fs, root = fsspec.core.url_to_fs(prefix)
+    assert sorted(n.rsplit("/", 1)[1] for n in fs.find(root)) == [
+        ".shardspec-writing", "shard-00001-model-00001-of-00001.safetensors"]
+    convert(source, prefix, tp_size=1)  # no overwrite needed; TP 2's object goes
+    assert sorted(n.rsplit("/", 1)[1] for n in fs.find(root) if n.endswith(".safetensors")
+                  ) == ["shard-00001-model-00001-of-00001.safetensors"]
+    assert ".shardspec-writing" not in [n.rsplit("/", 1)[1] for n in fs.find(root)]
+    assert shardspec.validate(prefix, checksums=True).ok
+    users = f"{prefix}-users-save"
+    _, users_root = fsspec.core.url_to_fs(users)
+    fs.pipe_file(f"{users_root}/shard-00001-model-00001-of-00001.safetensors", b"training")
+    for overwrite in (False, True):
+        with pytest.raises(FileExistsError, match="never removes them"):
+            convert(source, users, tp_size=1, overwrite=overwrite)
+    assert fs.cat_file(f"{users_root}/shard-00001-model-00001-of-00001.safetensors") == \
+        b"training"
+    fs.rm(users_root, recursive=True)
+
+
 @pytest.mark.parametrize("direction", ["remote-to-remote", "local-to-remote", "remote-to-local"])
 def test_reshard_between_disk_and_object_storage(tmp_path: Path, prefix: str,
                                                  direction: str) -> None:

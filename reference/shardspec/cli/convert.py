@@ -102,14 +102,20 @@ def convert_command(
                                             help="Replace a checkpoint in DST.")] = False,
     names: Annotated[_Names, typer.Option(
         "--names",
-        help="Tensor names: hf keeps Hugging Face's (loads at any layout, also in vLLM with "
-        "--load-format shardspec); vllm writes each rank's tensors as vLLM's model holds them "
+        help="Tensor names: hf keeps Hugging Face's, in files named as torch's distributed "
+        "writer names them (loads at any layout, also in transformers' from_pretrained, torch's "
+        "HuggingFaceStorageReader and vLLM with --load-format shardspec); vllm writes each "
+        "rank's tensors as vLLM's model holds them "
         "(fused qkv_proj and gate_up_proj, padded vocabulary, attention scales; rank-local; "
         "PP = 1 only) for vLLM's sharded_state loader.")] = _Names.hf,
     quantize: Annotated[_Quantize | None, typer.Option(
         "--quantize", help="Quantize on the way: fp8 writes linear weights as F8_E4M3 with "
         "128x128 block scales (weight_scale_inv, as DeepSeek-V3 and vLLM's fp8 method).")
     ] = None,
+    untie_embeddings: Annotated[bool, flag(
+        "--untie-embeddings", help="Write a tied LM head as a tensor of its own (the "
+        "embedding's bytes twice), as transformers' from_pretrained of a tied model needs; "
+        "vLLM then serves it untied. Default: an alias of the embedding.")] = False,
 ) -> None:
     """Convert a Hugging Face checkpoint into a TP x PP x EP shardspec checkpoint, streaming.
 
@@ -125,7 +131,8 @@ def convert_command(
                            max_file_size=cap, overwrite=overwrite, progress=bar.add,
                            names=names.value,
                            quantize=None if quantize is None else quantize.value,
-                           storage_options=storage_options_for(dst))
+                           storage_options=storage_options_for(dst),
+                           untie_embeddings=untie_embeddings)
     size = sum(f.size for r in manifest.ranks for f in r.files)
     files = sum(len(r.files) for r in manifest.ranks)
     out.print(f"[bold green]converted[/] {src} -> {dst}: tp={tp} pp={pp} ep={ep}, "

@@ -12,17 +12,30 @@ tensor; with ``quantize="fp8"``, one piece of a quantized weight. The manifest i
 checked before the first byte is written (:func:`~shardspec.write.save.plan_checkpoint`) and
 committed last.
 
+With Hugging Face names (``names="hf"``) the data files are named as torch's distributed
+Hugging Face writer names them, ``shard-{rank+1}-model-{part+1}-of-{parts}.safetensors``
+(:func:`~shardspec.write.save.torch_file_name`), and each says in its ``__metadata__`` where its
+entries lie (``DCP_SHARDING_INFO``): transformers' ``from_pretrained`` loads the directory, in
+one process or tensor-parallel, and torch's ``HuggingFaceStorageReader`` reads it at any layout
+(SPEC 6.2, 6.3, informative). shardspec readers still find every file through the manifest. The
+files are claimed before the first is written (:mod:`~shardspec.write.directory`), so an
+interrupted convert is replaced by the next, and a directory holding other safetensors files
+(a distributed save of transformers, say) is refused, never emptied.
+
 Tied embeddings: Hugging Face files drop ``lm_head.weight`` when ``tie_word_embeddings`` is
 set. Convert gives it back, because serving frameworks need the LM head on the last pipeline
-stage: where the LM head and the embedding have the same pieces on the same ranks, the data is
+stage. Where the LM head and the embedding have the same pieces on the same ranks, the data is
 stored once and the other name is an alias (SPEC 7.6); otherwise (different stages, or styles
-that split them differently) ``lm_head.weight`` is written as a tensor of its own, read from the
-embedding. The stored name of a tied pair is the alphabetically smaller one (``lm_head.weight``
-before ``model.embed_tokens.weight``), which is the name vLLM's sharded-state saver keeps of
-tensors sharing storage, so vLLM's loader finds the keys it expects.
+that split them differently, or ``untie_embeddings``, which transformers' ``from_pretrained``
+of a tied model needs: torch's reader loads every name of the state dict from the files, which
+hold no aliases) ``lm_head.weight`` is written as a tensor of its own. The stored name of a
+tied pair is the alphabetically smaller one (``lm_head.weight`` before
+``model.embed_tokens.weight``), which is the name vLLM's sharded-state saver keeps of tensors
+sharing storage, so vLLM's loader finds the keys it expects.
 
 With ``names="vllm"`` the fused parameters of :mod:`~shardspec.convert.vllm_names` are
-written in place of the Hugging Face projections.
+written in place of the Hugging Face projections, in vLLM's ``model-rank-{R}-part-{P}``
+files.
 """
 
 from __future__ import annotations
@@ -131,6 +144,7 @@ def convert(
     names: str = "hf",
     quantize: str | None = None,
     storage_options: dict[str, Any] | None = None,
+    untie_embeddings: bool = False,
 ) -> Manifest:
     """Convert the Hugging Face checkpoint directory ``src`` to a shardspec checkpoint ``dst``
     (a directory, or an object-storage URL with ``storage_options`` for its filesystem).
@@ -157,6 +171,12 @@ def convert(
     in place of the Hugging Face projections, and the attention layers' scale buffers (see the
     module's docstring); it needs ``pp_size == 1``, head counts in ``config.json`` that the TP size
     divides, and at least as many key/value heads as ranks.
+
+    ``untie_embeddings`` writes a tied LM head as a tensor of its own (the embedding's bytes
+    twice), as transformers' distributed save does: transformers' ``from_pretrained`` of a
+    tied model needs it (its reader loads every name of the state dict from the files, which
+    hold no aliases). vLLM then serves the model untied, with an LM head of its own in memory,
+    so it is off by default: the tied head is an alias of the embedding (SPEC 7.6).
     """
     for label, value in (("tp_size", tp_size), ("pp_size", pp_size), ("ep_size", ep_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -183,17 +203,21 @@ def convert(
     if quantize == "fp8":
         quantization = Quantization(method="fp8", config=dict(fp8.CONFIG))
     info = {"converted_from": "huggingface"}
+    torch_names = names == "hf"  # torch's file names (see the module docstring)
+    tied = None if torch_names and untie_embeddings else planned.tied_embedding
     draft = plan_checkpoint(
-        layout, _rank_infos(layout, splits, planned.tied_embedding), quantization=quantization,
-        logical=planned.logical, ties=planned.ties, metadata={**info, **(metadata or {})},
-        extra_files=list(extras), max_file_size=max_file_size,
+        layout, _rank_infos(layout, splits, tied),
+        quantization=quantization, logical=planned.logical, ties=planned.ties,
+        metadata={**info, **(metadata or {})}, extra_files=list(extras),
+        max_file_size=max_file_size, file_names="torch" if torch_names else "shardspec",
     )
     for notice in planned.notices:  # once every check has passed: the layout is written
         warnings.warn(notice, PlanWarning, stacklevel=2)
     with tempfile.TemporaryDirectory(prefix="shardspec-convert-") as folder:
         if quantize == "fp8" and "config.json" in extras:
             extras["config.json"] = _with_quantization(extras["config.json"], Path(folder))
-        return _write_converted(root, layout, draft, splits, extras, overwrite, progress)
+        return _write_converted(root, layout, draft, splits, extras, overwrite, progress,
+                                claim=torch_names)
 
 
 def _with_quantization(config: Path, folder: Path) -> Path:
@@ -207,10 +231,11 @@ def _with_quantization(config: Path, folder: Path) -> Path:
 
 def _write_converted(root: Location, layout: Layout, draft: Manifest,
                      splits: Mapping[str, Written], extras: Mapping[str, Path],
-                     overwrite: bool, progress: Progress | None) -> Manifest:
+                     overwrite: bool, progress: Progress | None, claim: bool) -> Manifest:
     total = sum(byte_size(DTYPES[r.dtype], p.shape) or 0 for r in draft.tensors.values()
                 if isinstance(r, TensorRecord) for p in r.pieces)
-    prepare_directory(root, overwrite)
+    data_files = [f.path for r in draft.ranks for f in r.files]
+    prepare_directory(root, overwrite, claim=data_files if claim else ())
     advance = None if progress is None else (lambda n: progress(n, total))
     records: dict[str, FileRecord] = {}
     for rank in range(layout.size):
@@ -221,7 +246,7 @@ def _write_converted(root: Location, layout: Layout, draft: Manifest,
                                         advance)
     records.update({f.path: f for f in copy_extra_files(root, extras)})
     manifest = finish_manifest(draft, records)
-    commit_checkpoint(root, manifest.to_json())
+    commit_checkpoint(root, manifest.to_json(), claimed=claim)
     return manifest
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from ..format.limits import MANIFEST_NAME
+from ..storage.commit import CLAIM_NAME
 from .adopt import Imported
 from .directories import Progress, local_dir
 from .from_hf_distributed import SHARD_FILE, import_hf_distributed
@@ -40,6 +41,10 @@ def what_it_is(path: str | os.PathLike[str]) -> str:
     if not root.is_dir():
         raise HFError(f"{root}: not a directory")
     names = set(os.listdir(root))
+    if CLAIM_NAME in names and MANIFEST_NAME not in names:
+        raise HFError(f"{root}: what an interrupted shardspec write left ({CLAIM_NAME} lists "
+                      "the files it was writing), not a save to adopt: write it again, which "
+                      "replaces them")
     vllm = any(VLLM_FILE.match(n) for n in names)
     distributed = any(SHARD_FILE.match(n) for n in names)
     if vllm and distributed:

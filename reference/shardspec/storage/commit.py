@@ -6,30 +6,119 @@ same way, last. A crash at any point leaves either the old manifest with its fil
 
 from __future__ import annotations
 
+import json
 import os
 import re
-from collections.abc import Callable, Iterable
+import stat
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 from ..format.limits import MANIFEST_NAME
+from ..format.manifest import Manifest
 
-__all__ = ["LEFTOVER", "TEMP_SUFFIX", "commit_manifest", "fsync_dir", "interrupted_write",
-           "uncommit", "write_durably"]
+__all__ = ["CLAIM_NAME", "LEFTOVER", "TEMP_SUFFIX", "claim_bytes", "claimed_names",
+           "commit_manifest", "drop_claim", "foreign_weights", "fsync_dir", "interrupted_write",
+           "read_claim", "removable", "uncommit", "write_claim", "write_durably"]
 
 #: Temporary files start with '.' and end with this, so no reader or vLLM glob matches them.
 TEMP_SUFFIX = ".shardspec-tmp"
 
 #: What a writer leaves behind when it is stopped before its manifest: data files under the
-#: default names and temporary files.
+#: default names and temporary files. Never torch's ``shard-S-model-C-of-N.safetensors``: a
+#: distributed save of transformers or torch is exactly such files without a manifest, and no
+#: write removes a user's save; a writer naming its files so claims them first (CLAIM_NAME).
 LEFTOVER = re.compile(r"^model-rank-\d+-.*\.safetensors$|^\..*" + re.escape(TEMP_SUFFIX) + "$")
 
+#: A writer whose data files LEFTOVER does not match (``convert``'s torch names) lists them in
+#: this hidden file before it writes the first, and removes it after its manifest: what a claim
+#: lists is provably the writer's own, so an interrupted write's files may be replaced.
+CLAIM_NAME = ".shardspec-writing"
 
-def interrupted_write(names: Iterable[str]) -> bool:
+#: The longest claim read back (a larger one claims nothing).
+_CLAIM_LIMIT = 64 << 20
+
+
+def claim_bytes(names: Iterable[str]) -> bytes:
+    """A claim's content: the data files a write is about to create, as JSON."""
+    return json.dumps({"files": sorted(set(names))}).encode("utf-8") + b"\n"
+
+
+def claimed_names(data: bytes) -> frozenset[str]:
+    """The names a claim lists; only plain ``*.safetensors`` names at the top of the directory
+    count, and a claim that cannot be read claims nothing."""
+    try:
+        files = json.loads(data.decode("utf-8")).get("files") if len(data) <= _CLAIM_LIMIT \
+            else None
+    except (ValueError, AttributeError, RecursionError):
+        return frozenset()
+    if not isinstance(files, list):
+        return frozenset()
+    return frozenset(n for n in files if isinstance(n, str) and n.endswith(".safetensors")
+                     and not n.startswith(".") and "/" not in n and "\\" not in n)
+
+
+def interrupted_write(names: Iterable[str], claimed: Collection[str] = ()) -> bool:
     """Whether a directory (or prefix) holding ``names`` is what an interrupted write leaves:
-    no manifest (so no checkpoint, SPEC 2.3), only data and temporary files of a writer. A new
-    write may replace it without being asked to overwrite."""
+    no manifest (so no checkpoint, SPEC 2.3), only data and temporary files of a writer, its
+    claim and the files the claim lists. A new write may replace it without being asked to
+    overwrite."""
     names = list(names)
-    return bool(names) and MANIFEST_NAME not in names and all(LEFTOVER.match(n) for n in names)
+    return bool(names) and MANIFEST_NAME not in names and all(
+        LEFTOVER.match(n) or n == CLAIM_NAME or n in claimed for n in names)
+
+
+def removable(existing: Collection[str], previous: Manifest | None,
+              claimed: Collection[str]) -> set[str]:
+    """What a write may remove of ``existing``: the previous manifest's files, leftovers
+    (:data:`~shardspec.storage.commit.LEFTOVER`) and what the previous write claimed."""
+    stale = {n for n in existing if LEFTOVER.match(n)} | set(claimed)
+    if previous is not None:
+        stale |= {f.path for r in previous.ranks for f in r.files}
+        stale |= {f.path for f in previous.extra_files}
+    return stale
+
+
+def foreign_weights(where: object, existing: Collection[str], ours: Collection[str]) -> None:
+    """Refuse to write files named as torch names them beside ``*.safetensors`` files that
+    this write may not remove (``ours``: the ones it may): transformers and torch's
+    ``HuggingFaceStorageReader`` read every ``*.safetensors`` file of the directory, so they
+    would read the two mixed. Nothing is removed: the files may be a user's own save."""
+    other = sorted(n for n in existing if n.endswith(".safetensors") and n not in ours)
+    if other:
+        more = f" and {len(other) - 1} more" if len(other) > 1 else ""
+        raise FileExistsError(
+            f"{where} holds safetensors files that no shardspec manifest or interrupted write "
+            f"lists, such as {other[0]!r}{more} (a distributed save of transformers or torch?)"
+            ": shardspec never removes them, and transformers and torch would read them with "
+            "the new checkpoint's; move them away or write the checkpoint elsewhere")
+
+
+def read_claim(root: Path) -> frozenset[str]:
+    """The names the claim in ``root`` lists: none without a claim, or where it is not a
+    regular file of its own (a link, a FIFO: nothing to follow or to hang on)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(root / CLAIM_NAME, flags)
+    except OSError:
+        return frozenset()
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return frozenset()
+        return claimed_names(handle.read(_CLAIM_LIMIT + 1))
+
+
+def write_claim(root: Path, names: Iterable[str]) -> None:
+    """Claim ``names`` durably, before the first of them is written."""
+    data = claim_bytes(names)
+    write_durably(root / CLAIM_NAME, lambda temp: temp.write_bytes(data))
+    fsync_dir(root)
+
+
+def drop_claim(root: Path) -> None:
+    """Remove the claim once the manifest lists its files (or they are gone)."""
+    if os.path.lexists(root / CLAIM_NAME):
+        (root / CLAIM_NAME).unlink()
+        fsync_dir(root)
 
 
 def fsync_dir(directory: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..format.errors import Finding, PathError, ShardspecError, StorageError
 from ..format.limits import MANIFEST_NAME, MAX_MANIFEST_BYTES
 from ..format.parse import ParsedManifest, parse_manifest
+from .commit import CLAIM_NAME
 from .paths import open_inside
 from .remote import RemoteRoot
 
@@ -88,7 +89,13 @@ def _not_committed(root: Path | RemoteRoot) -> Finding:
             message = ("a Hugging Face checkpoint (model.safetensors), not a shardspec one: "
                        "there is no shardspec.json")
             hint = f"convert it: shardspec convert {root} OUT --tp N"
+        elif CLAIM_NAME in names:
+            hint = ("an interrupted write left it (its files are listed in "
+                    f"{CLAIM_NAME}): write it again")
         elif any(n.startswith("model-rank-") and n.endswith(".safetensors") for n in names):
             hint = ("rank files without a manifest: vLLM's save_sharded_state (add a manifest "
                     f"with shardspec import-vllm {root}) or an interrupted write (write it again)")
+        elif any(n.startswith("shard-") and n.endswith(".safetensors") for n in names):
+            hint = ("rank files without a manifest: a distributed save of transformers or "
+                    f"torch (add a manifest with shardspec import {root})")
     return Finding(code="not-committed", file=str(root), message=message, hint=hint)

@@ -8,42 +8,59 @@ in place, and removed first when a prefix is written again.
 
 from __future__ import annotations
 
-import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from ..format.errors import Finding, IntegrityError
 from ..format.integrity import digest_stream
 from ..format.limits import MANIFEST_NAME
 from ..format.manifest import FileRecord
-from .commit import TEMP_SUFFIX, interrupted_write
+from .commit import (
+    CLAIM_NAME,
+    LEFTOVER,
+    claim_bytes,
+    claimed_names,
+    foreign_weights,
+    interrupted_write,
+    removable,
+)
 from .manifest_file import read_manifest
 from .remote import RemoteRoot
 
 __all__ = ["commit_remote", "prepare_prefix", "upload_file", "write_object"]
 
-#: Objects a writer may remove from a prefix it overwrites, besides the old manifest's files.
-_STALE = re.compile(r"^model-rank-\d+-.*\.safetensors$|^\..*" + re.escape(TEMP_SUFFIX) + "$")
+#: The longest claim read back (commit.claimed_names claims nothing past its own limit).
+_CLAIM_READ = (64 << 20) + 1
 
-
-def prepare_prefix(root: RemoteRoot, overwrite: bool) -> None:
-    """Refuse a prefix holding objects unless ``overwrite``; else uncommit it (the manifest
-    goes first) and remove the old checkpoint's objects (SPEC 10.2)."""
+def prepare_prefix(root: RemoteRoot, overwrite: bool, claim: Collection[str] = ()) -> None:
+    """Refuse a prefix holding objects unless ``overwrite`` (or what an interrupted write left);
+    else uncommit it (the manifest goes first) and remove the old checkpoint's objects, the
+    interrupted write's and those its claim lists (SPEC 10.2), having claimed ``claim``, as
+    :func:`shardspec.write.directory.prepare_directory` does in a directory."""
     existing = root.names()
-    if not existing:
-        return
-    if not overwrite and not interrupted_write(existing):
+    claimed = claimed_names(root.read_whole(CLAIM_NAME, _CLAIM_READ)) \
+        if CLAIM_NAME in existing else frozenset()
+    previous = read_manifest(root).manifest if MANIFEST_NAME in existing else None
+    stale = removable(existing, previous, claimed)
+    if claim:
+        foreign_weights(root.url, existing, stale)
+    if existing and not overwrite and not interrupted_write(existing, claimed):
         raise FileExistsError(f"{root.url} holds objects; pass overwrite=True to replace the "
                               "checkpoint in it")
-    previous = read_manifest(root).manifest if MANIFEST_NAME in existing else None
+    pending = set(claim) | {n for n in stale if n.endswith(".safetensors")
+                            and not LEFTOVER.match(n)}
+    if pending:  # claimed before the manifest goes, as in a directory
+        root.put_bytes(CLAIM_NAME, claim_bytes(pending))
+    if not existing:
+        return
     root.remove(MANIFEST_NAME)  # from here on a failure leaves no manifest, never a stale one
-    stale = {name for name in existing if _STALE.match(name)}
-    if previous is not None:
-        stale |= {f.path for r in previous.ranks for f in r.files}
-        stale |= {f.path for f in previous.extra_files}
-    for name in sorted(stale & set(existing)):
+    for name in sorted((stale & set(existing)) - {CLAIM_NAME}):
         root.remove(name)
+    if claim and pending != set(claim):
+        root.put_bytes(CLAIM_NAME, claim_bytes(claim))
+    elif not claim and (pending or CLAIM_NAME in existing):
+        root.remove(CLAIM_NAME)
 
 
 def write_object(
@@ -70,6 +87,9 @@ def upload_file(root: RemoteRoot, relative: str, local: Path) -> FileRecord:
     return FileRecord(path=relative, size=size, checksums=digests)
 
 
-def commit_remote(root: RemoteRoot, manifest_json: bytes) -> None:
-    """PUT the manifest, last: from now on the prefix is a checkpoint (SPEC 10.4)."""
+def commit_remote(root: RemoteRoot, manifest_json: bytes, *, claimed: bool = False) -> None:
+    """PUT the manifest, last: from now on the prefix is a checkpoint (SPEC 10.4); then
+    remove the write's claim (``claimed``)."""
     root.put_bytes(MANIFEST_NAME, manifest_json)
+    if claimed:
+        root.remove(CLAIM_NAME)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import shutil
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -23,7 +22,7 @@ from ..format.checks import check_manifest
 from ..format.dtypes import byte_size, spec_shape
 from ..format.errors import raise_first_error
 from ..format.integrity import digest_stream
-from ..format.limits import DEFAULT_MAX_FILE_SIZE, MANIFEST_NAME
+from ..format.limits import DEFAULT_MAX_FILE_SIZE
 from ..format.manifest import (
     Alias,
     FileRecord,
@@ -38,21 +37,14 @@ from ..format.manifest import (
     format_version,
 )
 from ..format.schema import schema_findings
-from ..storage.commit import (
-    TEMP_SUFFIX,
-    commit_manifest,
-    fsync_dir,
-    interrupted_write,
-    uncommit,
-    write_durably,
-)
+from ..storage.commit import fsync_dir, write_durably
 from ..storage.location import Location, PathOrURL, locate
-from ..storage.manifest_file import read_manifest
-from ..storage.paths import resolve_inside
 from ..storage.remote import RemoteRoot
-from ..storage.remote_write import commit_remote, prepare_prefix, upload_file, write_object
+from ..storage.remote_write import upload_file, write_object
+from .directory import claim_directory, commit_checkpoint, prepare_directory
 
 __all__ = [
+    "FILE_NAMES",
     "RankInfo",
     "Shard",
     "TensorInfo",
@@ -68,6 +60,7 @@ __all__ = [
     "prepare_directory",
     "save",
     "split",
+    "torch_file_name",
     "write_data_file",
     "write_rank",
 ]
@@ -117,6 +110,30 @@ def data_file_name(layout: Layout, rank: int, part: int) -> str:
     c = layout.coordinates(rank)
     return (f"model-rank-{rank}-pp-{c['pp_rank']}-ep-{c['ep_rank']}-tp-{c['tp_rank']}"
             f"-part-{part}.safetensors")
+
+
+def torch_file_name(rank: int, part: int, parts: int) -> str:
+    """The name torch's ``HuggingFaceStorageWriter(save_distributed=True)`` gives a rank's file,
+    and transformers' ``save_pretrained(..., distributed_checkpoint=True)`` with it (SPEC 6.2,
+    informative): ``shard-{S}-model-{C}-of-{N}.safetensors``, S the rank counted from 1 (the
+    writer's plan index, ``enumerate(plans, start=1)``), C the file counted from 1 and N the
+    rank's number of files, each at least five digits (``_hf_utils._gen_file_name``).
+    transformers loads a directory holding such a file with torch's reader."""
+    return f"shard-{rank + 1:05d}-model-{part + 1:05d}-of-{parts:05d}.safetensors"
+
+
+#: The names a writer may give data files (``plan_checkpoint``'s ``file_names``): shardspec's
+#: defaults (:func:`data_file_name`), or torch's distributed Hugging Face names
+#: (:func:`torch_file_name`), which ``convert`` writes with Hugging Face tensor names.
+FILE_NAMES = ("shardspec", "torch")
+
+
+def _file_names(layout: Layout, rank: int, parts: int, style: str) -> list[str]:
+    if style == "torch":
+        return [torch_file_name(rank, p, parts) for p in range(parts)]
+    if style != "shardspec":
+        raise ValueError(f"file_names must be one of {list(FILE_NAMES)}, got {style!r}")
+    return [data_file_name(layout, rank, p) for p in range(parts)]
 
 
 def save(
@@ -273,10 +290,12 @@ def plan_checkpoint(
     extensions: Mapping[str, Mapping[str, Any]] | None = None,
     extra_files: Sequence[str] = (),
     max_file_size: int = DEFAULT_MAX_FILE_SIZE,
+    file_names: str = "shardspec",
 ) -> Manifest:
     """The manifest to write, with placeholder sizes and digests; checked before any write.
 
     Every worker of a distributed save computes the same draft from the same gathered infos.
+    ``file_names`` is one of :data:`FILE_NAMES`.
     """
     if [info.rank for info in ranks] != list(range(layout.size)):
         raise ValueError(f"expected one RankInfo per rank 0..{layout.size - 1}, in order")
@@ -287,7 +306,7 @@ def plan_checkpoint(
     file_of: dict[tuple[int, str], str] = {}
     for info in ranks:
         parts = _assign_parts(info.tensors, aliases, max_file_size)
-        names = [data_file_name(layout, info.rank, p) for p in range(len(parts))]
+        names = _file_names(layout, info.rank, len(parts), file_names)
         for file_name, part in zip(names, parts, strict=True):
             file_of.update({(info.rank, tensor): file_name for tensor in part})
         rank_records.append(RankRecord(
@@ -382,56 +401,6 @@ def _refuse_invalid(manifest: Manifest) -> None:
     data = manifest.to_dict()
     raise_first_error(schema_findings(data))
     raise_first_error(check_manifest(manifest))
-
-
-def commit_checkpoint(root: Location, manifest_json: bytes) -> None:
-    """Write the manifest, last: a directory by SPEC 10.1, a storage prefix by 10.4."""
-    if isinstance(root, RemoteRoot):
-        commit_remote(root, manifest_json)
-    else:
-        commit_manifest(root, manifest_json)
-
-
-def claim_directory(root: Path, overwrite: bool, leftovers: bool = True) -> list[str]:
-    """Create ``root``, or check that ``overwrite`` allows writing into it; its names. With
-    ``leftovers``, what an interrupted checkpoint write left there (no manifest, only data and
-    temporary files: :func:`~shardspec.storage.commit.interrupted_write`) may be replaced
-    without ``overwrite``."""
-    if root.exists() and not root.is_dir():
-        raise NotADirectoryError(f"{root} exists and is not a directory")
-    root.mkdir(parents=True, exist_ok=True)
-    existing = [p.name for p in root.iterdir()]
-    if existing and not overwrite and not (leftovers and interrupted_write(existing)):
-        what = "a checkpoint" if MANIFEST_NAME in existing else \
-            f"{len(existing)} entr{'y' if len(existing) == 1 else 'ies'} such as " \
-            f"{sorted(existing)[0]!r}"
-        raise FileExistsError(f"{root} is not empty (it holds {what}); pass overwrite=True to "
-                              "replace it")
-    return existing
-
-
-def prepare_directory(root: Location, overwrite: bool) -> None:
-    """Create ``root``, or empty it of a previous checkpoint when ``overwrite`` (SPEC 10.2)."""
-    if isinstance(root, RemoteRoot):
-        prepare_prefix(root, overwrite)
-        return
-    existing = claim_directory(root, overwrite)
-    if not existing:
-        return
-    previous = read_manifest(root).manifest if MANIFEST_NAME in existing else None
-    uncommit(root)  # from here on a crash leaves no manifest, never a stale one
-    stale = set()
-    if previous is not None:
-        stale |= {f.path for r in previous.ranks for f in r.files}
-        stale |= {f.path for f in previous.extra_files}
-    pattern = re.compile(r"^model-rank-\d+-.*\.safetensors$|^\..*" + re.escape(TEMP_SUFFIX) + "$")
-    stale |= {name for name in existing if pattern.match(name)}
-    for name in sorted(stale):
-        try:
-            resolve_inside(root, name).unlink()
-        except Exception:  # noqa: BLE001 - a stale file that cannot be resolved is left alone
-            continue
-    fsync_dir(root)
 
 
 def write_data_file(

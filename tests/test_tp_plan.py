@@ -119,6 +119,8 @@ def test_a_pattern_of_many_stars_does_not_backtrack() -> None:
     assert all(plan.style_of(n) is None for n in names)
     with pytest.raises(PlanError, match="more than 1024"):
         TPPlan({"*" * 1025: "replicate"})
+    with pytest.raises(PlanError, match="4097 patterns, more than 4096"):
+        TPPlan({f"x{i}": "replicate" for i in range(4097)})
 
 
 @given(st.dictionaries(st.text("ab*.", min_size=1, max_size=10),

@@ -37,6 +37,7 @@ from .patterns import PatternIndex
 from .quantized import Base, Quantized, find_quantized
 from .tp_plan import (
     MAX_PATTERN_CHARS,
+    MAX_PLAN_PATTERNS,
     PlanError,
     TPPlan,
     best_matches,
@@ -146,6 +147,8 @@ def _tied_embedding(source: HFSource) -> str | None:
 def _expand_stages(names: list[str], stages: Mapping[str, int] | None) -> dict[str, int]:
     """Stage overrides given by pattern (as in plans) -> by tensor name."""
     stages = dict(stages or {})
+    if len(stages) > MAX_PLAN_PATTERNS:
+        raise PlanError(f"{len(stages)} stage overrides, more than {MAX_PLAN_PATTERNS}")
     for pattern, stage in stages.items():
         if isinstance(stage, bool) or not isinstance(stage, int):
             raise PlanError(f"stage override {pattern!r}: the stage must be an integer")

@@ -29,12 +29,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from child import BOUND_BYTES as BYTES
+from child import BOUND_SECONDS as SECONDS
+from child import measure
 from shardspec.testing.adversarial import (
     ADVERSARIAL,
     floats_in_config,
@@ -43,7 +44,6 @@ from shardspec.testing.adversarial import (
     staircase,
 )
 
-SECONDS, BYTES = 5.0, 1024**3
 
 #: name -> (manifest bytes, what it attacks); every one at most 10 MB.
 def cases() -> dict[str, tuple[Callable[[], bytes], str]]:
@@ -107,14 +107,8 @@ os.write(result, ("\nRESULT " + json.dumps([elapsed, peak, answer]) + "\n").enco
 
 
 def run(op: str, path: Path) -> tuple[float, int, str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "reference")}
-    done = subprocess.run([sys.executable, "-c", _CHILD, op, str(path)], capture_output=True,
-                          text=True, env=env, timeout=1800)
-    line = [x for x in done.stderr.splitlines() if x.startswith("RESULT ")]
-    if not line:
-        raise RuntimeError(f"{op} {path}: no result\n{done.stderr[-2000:]}")
-    elapsed, peak, answer = json.loads(line[-1][7:])
-    return elapsed, peak, answer
+    answer: tuple[float, int, str] = measure(_CHILD, [op, str(path)])
+    return answer
 
 
 def main() -> None:

@@ -28,13 +28,14 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import warnings
 from pathlib import Path
 
-SECONDS, BYTES = 5.0, 1024**3
+from child import BOUND_BYTES as BYTES
+from child import BOUND_SECONDS as SECONDS
+from child import measure
+
 OBJECTS_FILE = "dcp-objects-rank-0.bin"
 
 _CHILD = r"""
@@ -105,14 +106,8 @@ def build(root: Path, size_mb: int) -> int:
 
 
 def run(op: str, path: Path) -> tuple[float, int, str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "reference")}
-    done = subprocess.run([sys.executable, "-c", _CHILD, op, str(path)], capture_output=True,
-                          text=True, env=env, timeout=1800)
-    line = [x for x in done.stderr.splitlines() if x.startswith("RESULT ")]
-    if not line:
-        raise RuntimeError(f"{op} {path}: no result\n{done.stderr[-2000:]}")
-    elapsed, peak, answer = json.loads(line[-1][7:])
-    return elapsed, peak, answer
+    answer: tuple[float, int, str] = measure(_CHILD, [op, str(path)])
+    return answer
 
 
 def main() -> None:

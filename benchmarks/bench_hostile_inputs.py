@@ -30,7 +30,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -39,31 +38,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from child import BOUND_BYTES as BYTES  # noqa: E402
+from child import BOUND_SECONDS as SECONDS  # noqa: E402
+from child import cli_script, measure  # noqa: E402
 from hf_helpers import llama_tensors, write_hf_dir  # noqa: E402
 
-SECONDS, BYTES = 5.0, 1024**3
 SIZE = 10_000_000  # bytes of each hostile input
 ENV_SIZE = 120_000  # Linux caps one environment string at 128 KiB (MAX_ARG_STRLEN)
 
-_CHILD = r"""
-import json, os, resource, sys, time
-import torch  # what the commands import lazily: before the clock
-from shardspec.cli import main
-args = json.loads(sys.argv[1])
-result = os.dup(2)
-out = os.open(os.devnull, os.O_WRONLY); os.dup2(out, 1); os.dup2(out, 2)
-sys.argv = ["shardspec", *args]
-started = time.perf_counter()
-try:
-    main()
-except SystemExit as exc:
-    code = exc.code
-else:
-    code = 0
-elapsed = time.perf_counter() - started
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-os.write(result, ("\nRESULT " + json.dumps([elapsed, peak, f"exit {code}"]) + "\n").encode())
-"""
 
 
 def deep(size: int = SIZE) -> str:
@@ -144,14 +126,8 @@ def cases() -> dict[str, tuple[Case, str]]:
 
 
 def run(args: list[str]) -> tuple[float, int, str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "reference")}
-    done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True,
-                          text=True, env=env, timeout=600)
-    line = [x for x in done.stderr.splitlines() if x.startswith("RESULT ")]
-    if not line:
-        raise RuntimeError(f"{args}: no result\n{done.stderr[-2000:]}")
-    elapsed, peak, answer = json.loads(line[-1][7:])
-    return elapsed, peak, answer
+    answer: tuple[float, int, str] = measure(cli_script(), [json.dumps(args)], timeout=600)
+    return answer
 
 
 def main() -> None:

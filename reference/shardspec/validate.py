@@ -202,9 +202,10 @@ def _check_object(
             return [], False
         source = RemoteObject(root, record.path, record.size)
         findings = []
+        prefix = b""  # the object's first bytes, fetched for its header: not asked again
         if plan is not None:
             try:
-                header, _ = source.header()
+                header, prefix = source.header()
             except ShardspecError as exc:
                 if exc.code.startswith("storage-") or exc.code in _OBJECT_CODES:
                     raise
@@ -213,7 +214,7 @@ def _check_object(
                 findings = list(plan.header_findings(header))
         verified = digest is not None
         if digest is not None:
-            findings += digest(record, RemoteReader(source), progress)
+            findings += digest(record, RemoteReader(source, prefix), progress)
         source.finish()  # SPEC 9.3: what was checked is one object
         return findings, verified
     except ShardspecError as exc:

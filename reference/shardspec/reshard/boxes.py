@@ -23,6 +23,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ..format.dtypes import DTYPES
 from ..format.errors import Finding, ShardspecError, error_for
+from ..format.integrity import Digests
 from ..format.safetensors_header import Header
 from ..load.reads import pread_into
 from ..storage.remote_files import RemoteObject
@@ -334,14 +335,20 @@ class RemoteReads:
     the gap between them is among the smallest, while everything asked of the object, the
     header's request included, stays within ``gap_budget`` x the wanted bytes (a
     request costs a round trip, a gap only bytes). Copies out of scratch buffers run after the
-    last request."""
+    last request.
+
+    With ``digests`` (the object is to be verified, SPEC 9.2: its digests, fed ``prefix``
+    already), the rest of the object is streamed instead, in order, hashed as it comes, each
+    wanted run copied out of it: every byte is fetched once, never a second time for the runs.
+    """
 
     #: Every gap is left to :meth:`flush`'s budget.
     coalesce_gap = 0
 
     def __init__(self, source: RemoteObject, stats: ReadStats, prefix: bytes,
-                 gap_budget: float) -> None:
+                 gap_budget: float, digests: Digests | None = None) -> None:
         self.source, self.stats, self.gap_budget = source, stats, gap_budget
+        self.digests = digests
         self.prefix = memoryview(prefix)
         self.targets: list[tuple[int, memoryview]] = []
         self.copies: list[Callable[[], object]] = []
@@ -372,7 +379,18 @@ class RemoteReads:
                 position, view = position + count, view[count:]
             if len(view):
                 rest.append((position, view))
-        unwanted = have - (wanted - sum(len(view) for _, view in rest))
+        if self.digests is not None:
+            self._stream(rest)
+        else:
+            self._fetch(rest, wanted - sum(len(view) for _, view in rest), wanted)
+        copies, self.copies = self.copies, []
+        for copy in copies:
+            copy()
+
+    def _fetch(self, rest: list[tuple[int, memoryview]], from_prefix: int,
+               wanted: int) -> None:
+        """``rest`` by ranged requests, the gaps between them within the budget."""
+        unwanted = len(self.prefix) - from_prefix
         allowance = max(0.0, self.gap_budget * wanted - unwanted)
         requests = requests_for(rest, allowance, self.source.root.link.request_bytes())
 
@@ -386,9 +404,29 @@ class RemoteReads:
         self.source.root.map(fetch, requests)
         self.stats.reads += len(requests)
         self.stats.data_bytes += sum(end - start for start, end, _ in requests)
-        copies, self.copies = self.copies, []
-        for copy in copies:
-            copy()
+
+    def _stream(self, rest: list[tuple[int, memoryview]]) -> None:
+        """The object past the prefix in order, hashed, ``rest`` (sorted, disjoint) copied
+        out of it as it comes."""
+        assert self.digests is not None
+        at, index, size = len(self.prefix), 0, self.source.size
+        if at >= size:
+            return
+        for chunk in self.source.stream(at, size):
+            data = memoryview(chunk)
+            end = at + len(data)
+            self.digests.update(data)
+            while index < len(rest) and rest[index][0] + len(rest[index][1]) <= at:
+                index += 1
+            look = index
+            while look < len(rest) and rest[look][0] < end:
+                position, view = rest[look]
+                low, high = max(position, at), min(position + len(view), end)
+                view[low - position : high - position] = data[low - at : high - at]
+                look += 1
+            self.stats.reads += 1
+            self.stats.data_bytes += len(data)
+            at = end
 
 
 def requests_for(

@@ -21,7 +21,13 @@ import torch
 from ..format.dtypes import DTYPES, byte_size, torch_layout
 from ..format.errors import Finding, IntegrityError
 from ..format.heads import HeadCounts, HeadsError, head_counts
-from ..format.integrity import Readable, check_digests, digest_stream, known_algorithms
+from ..format.integrity import (
+    Digests,
+    Readable,
+    check_digests,
+    digest_stream,
+    known_algorithms,
+)
 from ..format.json_text import load_json
 from ..format.manifest import FileRecord, Layout, Manifest
 from ..format.safetensors_header import read_header
@@ -29,7 +35,7 @@ from ..load.host_memory import fresh_buffer
 from ..load.plan import FilePlan, plan_ranks
 from ..storage.paths import open_inside
 from ..storage.remote import RemoteRoot
-from ..storage.remote_files import PARTIAL_HEADER_PROBE, RemoteObject, RemoteReader, header_in
+from ..storage.remote_files import PARTIAL_HEADER_PROBE, RemoteObject, header_in
 from .boxes import BudgetedFileReads, FileReads, ReadStats, RemoteReads, Scratch, read_box
 from .plan import Resharder, ReshardPlan, SourcePiece, TargetPiece
 
@@ -302,15 +308,21 @@ def _read_remote_file(
     stats.header_bytes += len(prefix)
     plan.check_header(header)
     assert source.version is not None
+    digests = None
     if verify or not source.version.tag:  # no version to compare: the checksum decides
-        _verify(RemoteReader(source), record, stats)
-    reads = RemoteReads(source, stats, prefix, gap_budget)
+        # 9.2 digests cover the whole object: it is streamed once, hashed, and the boxes are
+        # copied out of it as it goes (never fetched a second time for the boxes)
+        digests = Digests(record.checksums)
+        digests.update(prefix)
+    reads = RemoteReads(source, stats, prefix, gap_budget, digests)
     for name, target, source_piece in sorted(jobs,
                                              key=lambda job: header.entries[job[0]].begin):
         # Boxes read through a scratch buffer are copied after every request is in: each box
         # gets a scratch buffer of its own.
         read_box(reads, header, name, target, source_piece, out[name], Scratch())
     reads.flush()
+    if digests is not None:
+        check_digests(record.path, record.checksums, digests.hexdigests(), "object")
     source.finish()
 
 

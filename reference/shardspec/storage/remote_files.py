@@ -5,6 +5,7 @@ Torch-free: ``validate`` uses these without importing torch."""
 from __future__ import annotations
 
 import io
+import itertools
 import struct
 import threading
 import time
@@ -225,10 +226,12 @@ def header_in(prefix: bytes | memoryview, size: int, relative: str) -> Header:
 
 class RemoteReader:
     """An object as a readable stream (what :func:`~shardspec.format.integrity.digest_stream`
-    reads): its bytes in order, the next ranged requests already in flight."""
+    reads): its bytes in order, the next ranged requests already in flight. ``prefix``: its
+    first bytes, already fetched (a header's request), which are not asked again."""
 
-    def __init__(self, source: RemoteObject) -> None:
-        self._chunks = source.stream(0, source.size)
+    def __init__(self, source: RemoteObject, prefix: bytes = b"") -> None:
+        rest = source.stream(len(prefix), source.size) if len(prefix) < source.size else iter(())
+        self._chunks = itertools.chain([prefix] if prefix else [], rest)
         self._pending = memoryview(b"")
 
     def readinto(self, buffer: memoryview) -> int:

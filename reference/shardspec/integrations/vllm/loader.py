@@ -16,7 +16,9 @@ Two ways in, chosen per checkpoint:
   box of each that vLLM's rules give the worker (:mod:`.regions`) in a tensor of the global
   shape. Layers of other pipeline stages are not read.
 
-A checkpoint in object storage takes the ``load_weights`` way for every tensor (for now).
+A checkpoint in object storage (``source`` in ``model_loader_extra_config``, :mod:`.source`)
+is read with ranged GETs of the worker's bytes only: at its own layout each rank's objects
+whole, at any other the ``load_weights`` way for every tensor (for now).
 A checkpoint whose rank-local tensors cannot serve the engine's layout is refused before any
 weight is read, naming both layouts and the tensor; so is a quantization that is not the
 engine's.
@@ -54,6 +56,7 @@ from .plan_cache import load_plan, plan_key, store_plan
 from .recorder import Recording, RecordingFailed, StandIn, record
 from .regions import Heads, plan_for, vllm_box
 from .replay import replay
+from .source import open_source
 from .state import save_worker_state
 
 __all__ = ["ShardspecModelLoader"]
@@ -110,8 +113,8 @@ class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has n
                 self._place(checkpoint, model, rank, config, stats)
         seconds = time.perf_counter() - started
         logger.info("Loading weights took %.2f seconds", seconds)
-        logger.info("shardspec: worker tp_rank=%d pp_rank=%d read %d bytes of data from %d "
-                    "files (%s)", rank.tp_rank, rank.pp_rank, stats.data_bytes,
+        logger.info("shardspec: worker tp_rank=%d pp_rank=%d read %d bytes (headers and data) "
+                    "from %d files (%s)", rank.tp_rank, rank.pp_rank, stats.bytes_read,
                     len(set(stats.files_opened)),
                     f"checkpoint rank {own}, whole" if whole_rank else "resharded on load")
         if self.options.save_to is not None:
@@ -148,6 +151,10 @@ class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has n
                                 stats=stats, only=set(plan.fallback)))
 
     def _open(self, model_config: ModelConfig) -> Checkpoint:
+        if self.options.source is not None:  # in object storage, model its local files
+            return open_source(self.options.source, model_config.model,
+                               storage_options=self.options.storage_options,
+                               ignore_extensions=self.options.ignore_extensions)
         path = getattr(model_config, "model_weights", None) or model_config.model
         return open_checkpoint(path, ignore_extensions=self.options.ignore_extensions)
 

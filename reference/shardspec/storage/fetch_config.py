@@ -1,0 +1,185 @@
+"""A checkpoint's small files in a local directory: its manifest and its extra files (config,
+tokenizer, ...), each verified against the manifest; never a data file.
+
+What a server that reads the weights from object storage needs on local disk: vLLM takes its
+configuration and tokenizer from a local ``model`` directory, and the vLLM plugin reads the data
+files from the bucket (``model_loader_extra_config={"source": URL}``), refusing a directory whose
+manifest is not the source's. The manifest is fetched with one request (one version of it,
+SPEC 2.4) and written last, byte for byte, so that a directory an interrupted fetch left has
+none: it is never taken for the checkpoint's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..format.errors import (
+    Finding,
+    IntegrityError,
+    NotCommittedError,
+    PathError,
+    raise_first_error,
+)
+from ..format.integrity import Digests, check_digests
+from ..format.limits import MANIFEST_NAME, MAX_MANIFEST_BYTES
+from ..format.manifest import FileRecord, Manifest
+from ..format.parse import parse_manifest
+from .location import Location, PathOrURL, locate
+from .paths import open_inside
+from .remote import RemoteRoot
+
+__all__ = ["FetchedConfig", "fetch_config"]
+
+#: The largest extra file fetched: a tokenizer is megabytes; past this it is not a config.
+MAX_EXTRA_BYTES = 1 << 30
+
+
+@dataclass
+class FetchedConfig:
+    """What :func:`fetch_config` wrote: the files (relative paths, the manifest last), their
+    bytes, the manifest's sha256, and files of the directory it left in place."""
+
+    source: str
+    target: Path
+    manifest: Manifest
+    manifest_sha256: str
+    files: list[str] = field(default_factory=list)
+    bytes_written: int = 0
+    left_in_place: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "target": str(self.target), "files": self.files,
+                "bytes": self.bytes_written, "manifest_sha256": self.manifest_sha256,
+                "left_in_place": self.left_in_place}
+
+
+def fetch_config(source: PathOrURL, target: str | os.PathLike[str], *,
+                 storage_options: dict[str, Any] | None = None,
+                 overwrite: bool = False) -> FetchedConfig:
+    """Write the manifest and every extra file of the checkpoint at ``source`` (a URL or a
+    directory) into the local directory ``target``, each extra file checked against its
+    record's size and digests before it is written; the manifest last, as fetched.
+
+    ``target`` must be empty or missing (ValueError otherwise) unless ``overwrite``: then the
+    checkpoint's files replace those of the same names, and any other file is left in place
+    (listed in the result). Nothing is written outside ``target``: the manifest's paths are
+    checked by SPEC 2.2, and a directory or file of ``target`` that is a symlink is refused.
+    """
+    root = locate(source, storage_options)
+    out = Path(target)
+    if isinstance(root, Path) and out.exists() and out.resolve() == root.resolve():
+        raise ValueError(f"{out} is the source checkpoint itself")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is not a directory")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ValueError(f"{out} is not empty; pass overwrite=True to replace the checkpoint's "
+                         "files there")
+    data = _read_manifest_bytes(root)
+    parsed = parse_manifest(data)
+    raise_first_error(parsed.findings)
+    assert parsed.manifest is not None
+    manifest = parsed.manifest
+    result = FetchedConfig(str(root), out, manifest, hashlib.sha256(data).hexdigest())
+    out.mkdir(parents=True, exist_ok=True)
+    for record in manifest.extra_files:
+        body = _read_extra(root, record)
+        _write_inside(out, record.path, body)
+        result.files.append(record.path)
+        result.bytes_written += len(body)
+    _write_inside(out, MANIFEST_NAME, data)
+    result.files.append(MANIFEST_NAME)
+    result.bytes_written += len(data)
+    written = set(result.files)
+    result.left_in_place = [name for name in _files_under(out) if name not in written]
+    return result
+
+
+def _files_under(out: Path) -> list[str]:
+    """The files under ``out``, relative, sorted (links are not followed)."""
+    found = []
+    for folder, _, files in os.walk(out):
+        relative = Path(folder).relative_to(out)
+        found += [(relative / name).as_posix() for name in files]
+    return sorted(found)
+
+
+def _read_manifest_bytes(root: Location) -> bytes:
+    """The manifest's bytes, with one request from object storage; NotCommittedError where
+    there is none."""
+    try:
+        if isinstance(root, RemoteRoot):
+            data = root.read_whole(MANIFEST_NAME, MAX_MANIFEST_BYTES + 1)
+        else:
+            handle, _ = open_inside(root, MANIFEST_NAME)
+            with handle:
+                data = handle.read(MAX_MANIFEST_BYTES + 1)
+    except PathError as exc:
+        if exc.code != "file-missing":
+            raise
+        raise NotCommittedError(Finding(
+            code="not-committed", file=str(root),
+            message=f"not a committed shardspec checkpoint: {root} has no {MANIFEST_NAME}",
+            hint="check the URL (the prefix the checkpoint was written to)")) from None
+    return data  # an oversized manifest is refused by the parser (json-too-large)
+
+
+def _read_extra(root: Location, record: FileRecord) -> bytes:
+    """The extra file's bytes, checked against its record's size and digests (SPEC 9)."""
+    if record.size > MAX_EXTRA_BYTES:
+        raise ValueError(f"{record.path} is {record.size} bytes: extra files over "
+                         f"{MAX_EXTRA_BYTES} bytes are not fetched")
+    if isinstance(root, RemoteRoot):
+        body = root.read_whole(record.path, record.size + 1)
+    else:
+        handle, _ = open_inside(root, record.path)
+        with handle:
+            body = handle.read(record.size + 1)
+    if len(body) != record.size:
+        raise IntegrityError(Finding(
+            code="file-size", file=record.path,
+            message=f"the file has {len(body) if len(body) <= record.size else 'more'} bytes, "
+            f"the manifest says {record.size}"))
+    digests = Digests(record.checksums)
+    digests.update(body)
+    check_digests(record.path, record.checksums, digests.hexdigests())
+    return body
+
+
+def _write_inside(out: Path, relative: str, data: bytes) -> None:
+    """``data`` as ``out/relative``, written to a temporary file beside it and renamed over:
+    every folder on the way is created or checked to be a real folder inside ``out`` (no
+    symlink is followed), and the name itself is replaced, never written through."""
+    parts = relative.split("/")
+    folder = out
+    for part in parts[:-1]:
+        folder = folder / part
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            raise PathError(Finding(
+                code="path-escapes", file=relative,
+                message=f"{folder} is not a folder of {out} (a symlink or a file)"))
+        folder.mkdir(exist_ok=True)
+    with _temporary(folder, parts[-1]) as (handle, temporary):
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+        handle.close()
+        os.replace(temporary, folder / parts[-1])
+
+
+@contextlib.contextmanager
+def _temporary(folder: Path, name: str) -> Iterator[tuple[Any, str]]:
+    fd, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder)
+    handle = os.fdopen(fd, "wb")
+    try:
+        yield handle, temporary
+    finally:
+        handle.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)

@@ -159,12 +159,12 @@ def loaded_tensors(
             assert tensors[name] is tensors[record.alias_of], "an alias shares its target"
             record = checkpoint.manifest.tensors[record.alias_of]
         assert isinstance(record, TensorRecord)
-        piece = record.piece_of(rank)
-        assert piece is not None
-        dtype, shape = torch_layout(DTYPES[record.dtype], piece.shape)
-        assert (tensor.dtype, tuple(tensor.shape)) == (dtype, shape), name
+        shape = record.shape_on(rank)
+        assert shape is not None
+        dtype, held = torch_layout(DTYPES[record.dtype], shape)
+        assert (tensor.dtype, tuple(tensor.shape)) == (dtype, held), name
         flat = tensor.contiguous().reshape(-1).view(torch.uint8)
-        out[name] = (record.dtype, piece.shape, flat.numpy().tobytes())
+        out[name] = (record.dtype, shape, flat.numpy().tobytes())
     return out
 
 

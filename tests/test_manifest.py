@@ -15,8 +15,8 @@ from shardspec import Layout, Manifest
 from shardspec.format.manifest import RANK_ORDERS, Alias, Piece, TensorRecord, format_version
 
 
-def test_format_version_is_1_2() -> None:
-    assert format_version() == "1.2"
+def test_format_version_is_1_3() -> None:
+    assert format_version() == "1.3"
 
 
 def test_from_dict_to_dict_round_trip(manifest_dict: dict[str, Any]) -> None:

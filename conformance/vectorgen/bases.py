@@ -27,6 +27,7 @@ CONFIG = b'{"model_type": "llama", "hidden_size": 4, "vocab_size": 8}\n'
 NORM, DOWN = "model.norm.weight", "model.layers.0.mlp.down_proj.weight"
 EMBED, O_PROJ = "model.embed_tokens.weight", "model.layers.0.self_attn.o_proj.weight"
 SCALAR, SINKS = "model.logit_scale", "model.layers.0.self_attn.sinks"
+GATE_UP = "model.layers.0.mlp.gate_up_proj.weight"
 
 
 def base_tp1() -> Ckpt:
@@ -341,3 +342,38 @@ def nested(depth: int) -> dict[str, Any]:
     for _ in range(depth - 1):
         value = {"k": value}
     return value
+
+
+def several_gate_up() -> Ckpt:
+    gate_up = values((8, 4), torch.bfloat16, 160)
+    states, sharding = {}, {}
+    for r in range(2):
+        rows = [(2 * r, 2), (4 + 2 * r, 2)]
+        states[r] = {GATE_UP:
+                     torch.cat([gate_up[a:a + n] for a, n in rows])}
+        sharding[r] = {GATE_UP:
+                       [Shard((8, 4), (a, 0), shape=(n, 4)) for a, n in rows]}
+    return saved(states, Layout(tp_size=2), sharding=sharding)
+
+
+def several_qkv() -> Ckpt:
+    qkv = values((16, 4), torch.bfloat16, 161)
+    states, sharding = {}, {}
+    for r in range(4):
+        rows = [(2 * r, 0), (8 + 2 * (r // 2), r % 2), (12 + 2 * (r // 2), r % 2)]
+        states[r] = {"model.layers.0.self_attn.qkv_proj.weight":
+                     torch.cat([qkv[a:a + 2] for a, _ in rows])}
+        sharding[r] = {"model.layers.0.self_attn.qkv_proj.weight":
+                       [Shard((16, 4), (a, 0), replica, (2, 4)) for a, replica in rows]}
+    return saved(states, Layout(tp_size=4), sharding=sharding)
+
+
+def several_columns() -> Ckpt:
+    weight = values((2, 8), torch.float32, 162)
+    states, sharding = {}, {}
+    for r, runs in enumerate([[(0, 1), (4, 3)], [(1, 3), (7, 1)]]):
+        states[r] = {"model.layers.0.mlp.down_proj.weight":
+                     torch.cat([weight[:, a:a + n] for a, n in runs], dim=1)}
+        sharding[r] = {"model.layers.0.mlp.down_proj.weight":
+                       [Shard((2, 8), (0, a), shape=(2, n)) for a, n in runs]}
+    return saved(states, Layout(tp_size=2), sharding=sharding)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import struct
 import tempfile
 from collections.abc import Callable, Iterable
@@ -179,22 +180,41 @@ def expected_of(ck: Ckpt) -> dict[int, dict[str, TensorData]]:
     m = ck.m
     out: dict[int, dict[str, TensorData]] = {}
     for index, rank in enumerate(m["ranks"]):
-        contents = {}
-        for record in rank["files"]:
-            for name, tensor in st_tensors(ck.files[record["path"]]).items():
-                contents[name] = tensor
+        contents = {record["path"]: st_tensors(ck.files[record["path"]])
+                    for record in rank["files"]}
         loaded = {}
         for name, record in m["tensors"].items():
-            for piece in record.get("pieces", []):
-                if piece["rank"] == index:
-                    dtype, shape, data = contents[name]
-                    assert (dtype, shape) == (record["dtype"], tuple(piece["shape"]))
-                    loaded[name] = contents[name]
+            mine = [p for p in record.get("pieces", []) if p["rank"] == index]
+            for piece in mine:
+                dtype, shape, data = contents[piece["file"]][name]
+                assert (dtype, shape) == (record["dtype"], tuple(piece["shape"]))
+            if mine:
+                loaded[name] = _joined([(p, contents[p["file"]][name]) for p in mine])
         for name, record in m["tensors"].items():
             if "alias_of" in record and record["alias_of"] in loaded:
                 loaded[name] = loaded[record["alias_of"]]
         out[index] = loaded
     return out
+
+
+def _joined(pieces: list[tuple[dict[str, Any], TensorData]]) -> TensorData:
+    """A rank's value (SPEC 7.2 rules 6, 7): its one piece, or its pieces laid one after the
+    other, in increasing offset, along the one dimension where their offsets differ."""
+    if len(pieces) == 1:
+        return pieces[0][1]
+    offsets = [p["offset"] for p, _ in pieces]
+    (dim,) = [d for d in range(len(offsets[0])) if len({o[d] for o in offsets}) > 1]
+    pieces = sorted(pieces, key=lambda item: item[0]["offset"][dim])
+    dtype, shape, _ = pieces[0][1]
+    outer = math.prod(shape[:dim])
+    rows = []  # per index of the dimensions before dim, each piece's bytes in turn
+    for i in range(outer):
+        for _, (_, piece_shape, data) in pieces:
+            step = len(data) // outer
+            rows.append(data[i * step:(i + 1) * step])
+    joined = list(shape)
+    joined[dim] = sum(s[dim] for _, (_, s, _) in pieces)
+    return dtype, tuple(joined), b"".join(rows)
 
 
 @dataclass

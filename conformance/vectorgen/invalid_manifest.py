@@ -21,6 +21,7 @@ from .bases import (
     FP8_DOWN,
     FP8_GATE,
     FP8_Q,
+    GATE_UP,
     GPTQ_CONFIG,
     GPTQ_UP,
     MX,
@@ -39,10 +40,11 @@ from .bases import (
     gptq_layer,
     nested,
     saved_cuts,
+    several_gate_up,
     tie_after,
 )
-from .checkpoints import Vector, Vectors, edit, saved, saved_whole, with_raw
-from .raw import Pairs, Raw, manifest_text, random_bytes, st_entries, st_file, values
+from .checkpoints import Vector, Vectors, edit, handmade, saved, saved_whole, with_raw
+from .raw import Pairs, Raw, manifest_text, random_bytes, raw, st_entries, st_file, values
 
 
 def invalid_manifest_vectors() -> list[Vector]:
@@ -350,8 +352,37 @@ def invalid_manifest_vectors() -> list[Vector]:
     ck.tensor(EMBED)["pieces"].append({"rank": 1, "file": F1, "offset": [0, 0], "shape": [4, 4],
                                        "replica": 1})
     add("piece-duplicate", "two-slices", "Rank 1 holds its half of the embedding and also a "
-        "replica of rank 0's half: a reader would have to return two tensors under one name.",
+        "replica of rank 0's half, both in its one file: a file holds one entry of a name, so "
+        "the two pieces cannot be told apart.", ck)
+    gate_up = several_gate_up()
+    ck = gate_up.clone()
+    pieces = ck.m["tensors"][GATE_UP]["pieces"]
+    second, pieces[1]["file"] = pieces[1]["file"], pieces[0]["file"]
+    ck.m["ranks"][0]["files"] = [f for f in ck.m["ranks"][0]["files"] if f["path"] != second]
+    del ck.files[second]
+    add("piece-duplicate", "several-in-one-file", "Format 1.3: rank 0's two pieces of the fused "
+        "gate_up_proj both name its first file, which holds one entry of that name.", ck)
+    four = values((4, 4), torch.float32, 170)
+    corners = {0: [(0, 0), (2, 2)], 1: [(0, 2), (2, 0)]}
+    files = {f"r{r}-{k}.safetensors": (r, [(GATE_UP, "F32", (2, 2), raw(
+        four[a:a + 2, b:b + 2].contiguous()))]) for r, boxes in corners.items()
+        for k, (a, b) in enumerate(boxes)}
+    ck = handmade(Layout(tp_size=2), files, {GATE_UP: {"dtype": "F32", "shape": [4, 4], "pieces": [
+        {"rank": r, "file": f"r{r}-{k}.safetensors", "offset": [a, b], "shape": [2, 2]}
+        for r, boxes in corners.items() for k, (a, b) in enumerate(boxes)]}})
+    ck.m["format_version"] = "1.3"
+    add("piece-duplicate", "not-joinable-two-dimensions", "Format 1.3: each rank holds two "
+        "opposite 2 x 2 corners of an F32 [4, 4], in two files. The pieces cover the tensor "
+        "once, but their offsets differ in both dimensions: they have no join (7.2 rule 7).",
         ck)
+    ck = gate_up.clone()
+    for piece in ck.m["tensors"][GATE_UP]["pieces"]:
+        del piece["offset"]
+    ck.m["tensors"][GATE_UP]["rank_local"] = True
+    del ck.m["tensors"][GATE_UP]["shape"]
+    add("piece-duplicate", "rank-local-in-two-files", "Format 1.3: the fused gate_up_proj "
+        "recorded rank-local, with two pieces per rank in two files: a rank-local tensor has "
+        "one piece per rank (7.5).", ck)
 
     # 7.1 sizes
     big = 2**32

@@ -75,9 +75,9 @@ def reading_vectors() -> list[Vector]:
 
     # 4.3 rule 2: the kind of a newer minor's record with alias_of and rank_local
     ck = base_tp2()
-    ck.m["format_version"] = "1.3"
+    ck.m["format_version"] = "1.4"
     ck.tensor("lm_head.weight")["rank_local"] = True
-    valid("newer-minor-alias-with-rank-local", "4.3", "A 1.3 manifest whose alias "
+    valid("newer-minor-alias-with-rank-local", "4.3", "A 1.4 manifest whose alias "
           "lm_head.weight also has rank_local: true. alias_of decides the kind (SPEC 4.3 rule "
           "2), so it is an alias with an unknown field, ignored with a warning; read as "
           "rank-local, it would lack dtype and pieces.", ck,

@@ -26,6 +26,9 @@ from .bases import (
     base_tp1,
     base_tp2,
     nested,
+    several_columns,
+    several_gate_up,
+    several_qkv,
 )
 from .checkpoints import Ckpt, Vector, handmade, saved, saved_whole, sha256
 from .raw import f4, manifest_text, random_bytes, raw, st_assemble, st_header_text, values
@@ -198,6 +201,21 @@ def valid_vectors() -> list[Vector]:
         "tensor; a quantizer's packed weight even has a different shape per rank ([3, 2] and "
         "[5, 2]).", saved(states, Layout(tp_size=2)))
 
+    add("several-pieces-fused-gate-up", "7.2", "Format 1.3: a fused gate_up_proj BF16 [8, 4] "
+        "(the gate's 4 rows, then the up projection's) shared part by part at TP=2. Rank r "
+        "holds rows 2r..2r+2 and 4+2r..4+2r+2 as two pieces in two files; its value is their "
+        "join along dimension 0, [4, 4], the gate rows first.", several_gate_up())
+
+    add("several-pieces-fused-qkv-gqa", "7.2", "Format 1.3: a fused QKV BF16 [16, 4] of 4 "
+        "query heads and 2 KV heads of 2 rows each at TP=4. Each rank joins three pieces: "
+        "its query head and the KV head it shares with one other rank, recorded as replicas "
+        "(7.4). Rank r's value is [6, 4]: q, then k, then v.", several_qkv())
+
+    add("several-pieces-joined-along-columns", "7.2", "Format 1.3: an F32 [2, 8] split into "
+        "column runs of different widths: rank 0 holds columns 0..1 and 4..7, rank 1 "
+        "columns 1..4 and 7..8. A join along dimension 1 interleaves the pieces' rows: rank 0 "
+        "gets [2, 4], rank 1 [2, 4].", several_columns())
+
     add("fp8-quantized", "8.2", "FP8 (method 'fp8'): F8_E4M3 weights carrying their logical "
         "BF16 dtype and shape, a per-channel F32 weight_scale split like its weight, per-tensor "
         "scalar weight_scale and input_scale replicated. Scale tensors are ordinary tensors; "
@@ -242,7 +260,7 @@ def valid_vectors() -> list[Vector]:
     ck.m["load_hints"] = {"prefetch": True}
     ck.m["layout"]["numa_policy"] = "interleave"
     ck.piece("model.norm.weight", 0)["crc32c"] = "1a2b3c4d"
-    add("newer-minor-version", "4.3", "A manifest from format 1.7 with fields a 1.2 reader does "
+    add("newer-minor-version", "4.3", "A manifest from format 1.7 with fields a 1.3 reader does "
         "not know (top level, layout, piece): the reader warns version-newer-minor and "
         "unknown-field, ignores them and loads correct tensors.", ck,
         warnings=["unknown-field", "version-newer-minor"])
@@ -362,3 +380,4 @@ def valid_vectors() -> list[Vector]:
         "the magic) that must be unescaped before paths and names are compared.", ck)
 
     return out
+

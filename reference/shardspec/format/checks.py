@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from .dtypes import DTYPES, bit_count, byte_size, element_count
 from .errors import Finding
 from .limits import MANIFEST_NAME, MAX_NAME_BYTES, MAX_PATH_BYTES
+from .joins import join_of, several_per_rank
 from .manifest import Alias, Manifest, Piece, TensorRecord
 from .overlap import first_overlap
 from .ties import check_ties
@@ -101,6 +102,7 @@ def _check_files(m: Manifest) -> Iterator[Finding]:
 
 def _check_tensors(m: Manifest) -> Iterator[Finding]:
     files_of_rank = {r.rank: {f.path for f in r.files} for r in m.ranks}
+    tie_bases = tie_bases_of(m)
     for name, record in m.tensors.items():
         if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
             yield Finding(code="schema", message=f"name is longer than {MAX_NAME_BYTES} bytes",
@@ -114,6 +116,30 @@ def _check_tensors(m: Manifest) -> Iterator[Finding]:
                               json_path=f"$.tensors[{name!r}].alias_of")
             continue
         yield from _check_pieces(name, record, files_of_rank)
+        yield from check_several_per_rank(name, record, name in tie_bases)
+
+
+def tie_bases_of(m: Manifest) -> set[str]:
+    """The names that some tensor's ``tied_to`` names (SPEC 8.4)."""
+    return {r.tied_to.tensor for r in m.tensors.values()
+            if isinstance(r, TensorRecord) and r.tied_to is not None}
+
+
+def check_several_per_rank(name: str, record: TensorRecord, is_tie_base: bool
+                           ) -> Iterator[Finding]:
+    """SPEC 7.2 rules 3 and 7: a rank's several pieces of one tensor are allowed and joinable."""
+    for rank, held in several_per_rank(record.pieces).items():
+        if record.shape is None:
+            why = "a rank-local tensor has one piece per rank (SPEC 7.5)"
+        elif record.tied_to is not None or is_tie_base:
+            why = "a tied tensor and its base have one piece per rank (SPEC 8.4)"
+        else:
+            join = join_of(held)
+            if not isinstance(join, str):
+                continue
+            why = f"they cannot be joined: {join}"
+        yield Finding(code="piece-duplicate", tensor=name, json_path=f"$.tensors[{name!r}].pieces",
+                      message=f"rank {rank} holds {len(held)} pieces; {why}")
 
 
 def _check_pieces(
@@ -128,7 +154,6 @@ def _check_pieces(
             what = "elements" if element_count(shape) is None else f"bits as {of.name}"
             yield Finding(code="shape-overflow", tensor=name,
                           message=f"shape {list(shape)} has 2^63 or more {what}")
-    ranks_seen: set[int] = set()
     in_bounds: list[Piece] = []
     for index, piece in enumerate(record.pieces):
         if piece.rank not in files_of_rank:
@@ -141,10 +166,6 @@ def _check_pieces(
                           message=f"the piece of rank {piece.rank} lies in a file rank "
                           f"{piece.rank} does not own",
                           hint="a rank's tensors live only in its own files (SPEC 6.1)")
-        if piece.rank in ranks_seen:
-            yield Finding(code="piece-duplicate", tensor=name, json_path=_where(name, index),
-                          message=f"rank {piece.rank} holds more than one piece")
-        ranks_seen.add(piece.rank)
         if byte_size(dtype, piece.shape) is None:
             yield Finding(code="st-size", tensor=name, json_path=f"{_where(name, index)}.shape",
                           message=f"a piece of shape {list(piece.shape)} in {dtype.name} does "

@@ -23,7 +23,7 @@ from operator import attrgetter
 import numpy as np
 import numpy.typing as npt
 
-from .checks import _check_files, _check_layout
+from .checks import _check_files, _check_layout, check_several_per_rank, tie_bases_of
 from .dtypes import DTYPES, bit_count, byte_size, element_count
 from .limits import MAX_NAME_BYTES, MAX_SIZE
 from .manifest import Alias, Manifest, Piece, TensorRecord
@@ -69,12 +69,16 @@ def is_sound(manifest: Manifest) -> bool:
         return False
     # The per-piece rules judge a tensor by its dtype, shape and pieces alone: tensors that
     # share one tuple of pieces (equal texts do, see parse_fast) and agree on both are one case.
-    records = list({(r.dtype, r.shape, id(r.pieces)): r for r in records}.values())
+    # A tie's base and its tied tensors keep one piece per rank (SPEC 8.4): part of the key.
+    tied = {id(r) for r in records if r.tied_to is not None} | {
+        id(tensors.get(name)) for name in tie_bases_of(manifest)}
+    records = list({(r.dtype, r.shape, id(r.pieces), id(r) in tied): r
+                    for r in records}.values())
     # Global tensors first: their pieces, and only theirs, have offsets.
     records = [r for r in records if r.shape is not None] + [r for r in records
                                                              if r.shape is None]
     owner = {f.path: r.rank for r in manifest.ranks for f in r.files}
-    return _Pieces(records, owner, len(manifest.ranks)).sound()
+    return _Pieces(records, owner, len(manifest.ranks), [id(r) in tied for r in records]).sound()
 
 
 class _Pieces:
@@ -90,8 +94,11 @@ class _Pieces:
     ndim: Ints
     dims: Ints
 
-    def __init__(self, records: list[TensorRecord], owner: dict[str, int], ranks: int) -> None:
+    def __init__(self, records: list[TensorRecord], owner: dict[str, int], ranks: int,
+                 tied: list[bool]) -> None:
         self.records = records
+        #: Whether each record is tied or a tie's base (its pieces then never join).
+        self.tied = tied
         self.owner = owner
         self.ranks = ranks
         self.pieces: list[Piece] = list(chain.from_iterable(r.pieces for r in records))
@@ -104,8 +111,8 @@ class _Pieces:
         self.global_pieces = int(self.first[self.globals])
 
     def sound(self) -> bool:
-        return (self._ranks_and_files() and self._one_piece_per_rank() and self._whole_bytes()
-                and self._global_pieces())
+        return (self._ranks_and_files() and self._several_per_rank_join()
+                and self._whole_bytes() and self._global_pieces())
 
     def _ints(self, field: str, pieces: Sequence[Piece] | None = None) -> Ints:
         pieces = self.pieces if pieces is None else pieces
@@ -118,13 +125,16 @@ class _Pieces:
         owners = np.fromiter(map(self.owner.get, files, repeat(-1)), np.int64, len(self.pieces))
         return bool(np.all(self.rank < self.ranks)) and bool(np.array_equal(owners, self.rank))
 
-    def _one_piece_per_rank(self) -> bool:
-        """SPEC 7.2: no rank holds two pieces of one tensor."""
+    def _several_per_rank_join(self) -> bool:
+        """SPEC 7.2 rules 3, 7: where a rank holds two pieces of one tensor, they join."""
         key = self.tensor * self.ranks + self.rank
         if len(key) < 2 or bool(np.all(key[1:] > key[:-1])):  # pieces are usually in rank order
             return True
         key = np.sort(key)
-        return bool(np.all(key[1:] != key[:-1]))
+        repeated = np.unique(key[1:][key[1:] == key[:-1]] // self.ranks)
+        # Few tensors (fused projections, a rank's several DCP chunks): the Python rule on each.
+        return not any(next(check_several_per_rank("", self.records[int(t)], self.tied[int(t)]),
+                            None) for t in repeated)
 
     def _whole_bytes(self) -> bool:
         """SPEC 6.5, 12: each piece fills whole bytes, fewer than 2**63."""

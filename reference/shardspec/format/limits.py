@@ -25,7 +25,7 @@ MANIFEST_NAME = "shardspec.json"
 
 #: SPEC 4.1: the format version this implementation reads and writes.
 SUPPORTED_MAJOR = 1
-SUPPORTED_MINOR = 2
+SUPPORTED_MINOR = 3
 
 #: SPEC 3.4: largest manifest a reader must accept, in bytes (256 MiB since format 1.1; 64 MiB
 #: in 1.0, too small for a million-piece mixture of experts).

@@ -251,11 +251,23 @@ class TensorRecord:
         return self.shape is None
 
     def piece_of(self, rank: int) -> Piece | None:
-        """The piece ``rank`` holds, if any (a rank holds at most one, SPEC 7.2)."""
+        """The first piece ``rank`` holds, if any (several only where they join, SPEC 7.2)."""
         for piece in self.pieces:
             if piece.rank == rank:
                 return piece
         return None
+
+    def shape_on(self, rank: int) -> tuple[int, ...] | None:
+        """The shape of the tensor's value on ``rank`` (SPEC 7.2 rule 6), or None if it has no
+        piece there: its piece's shape, or where it holds several, the sum of their sizes along
+        the one dimension their offsets differ in (a checked manifest's pieces join)."""
+        mine = [p for p in self.pieces if p.rank == rank]
+        if len(mine) < 2:
+            return mine[0].shape if mine else None
+        offsets = [p.offset or () for p in mine]
+        dim = next(d for d in range(len(mine[0].shape)) if len({o[d] for o in offsets}) > 1)
+        return tuple(sum(p.shape[d] for p in mine) if d == dim else size
+                     for d, size in enumerate(mine[0].shape))
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"dtype": self.dtype}

@@ -84,18 +84,30 @@ def execute_plan(
     engine of a non-cpu device (tests drive the staging logic through it on a CPU-only machine).
     """
     tensors: dict[str, torch.Tensor] = {}
+    pieces: dict[str, dict[str, torch.Tensor]] = {}  # file -> the pieces it holds of joins
     if isinstance(root, RemoteRoot):
-        for _, header, data in read_remote_files(root, plan.files, verify):
+        for file_plan, header, data in read_remote_files(root, plan.files, verify):
             data = data if device.type == "cpu" else data.to(device)
-            tensors.update(_views(data, header.entries, device))
+            _gather(_views(data, header.entries, device), file_plan, plan, tensors, pieces)
     else:
         if engine is None and device.type == "cuda":
             engine = CudaCopyEngine(device)
         for file_plan in plan.files:
-            tensors.update(_load_file(root, file_plan, device, engine, verify, mmap))
+            _gather(_load_file(root, file_plan, device, engine, verify, mmap), file_plan, plan,
+                    tensors, pieces)
+    for name, join in plan.joins.items():  # SPEC 7.2 rule 7, 11.1 step 10
+        tensors[name] = torch.cat([pieces[p.file][name] for p in join.pieces], dim=join.dim)
     for alias, target in plan.aliases.items():
         tensors[alias] = tensors[target]
     return tensors
+
+
+def _gather(read: dict[str, torch.Tensor], file_plan: FilePlan, plan: RankPlan,
+            tensors: dict[str, torch.Tensor], pieces: dict[str, dict[str, torch.Tensor]]) -> None:
+    """File the tensors of one file: whole values, or pieces of a join kept by file."""
+    if plan.joins:
+        pieces[file_plan.record.path] = {n: read.pop(n) for n in list(read) if n in plan.joins}
+    tensors.update(read)
 
 
 def _load_file(

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from ..format.errors import Finding, raise_first_error
+from ..format.joins import Join, join_of, several_per_rank
 from ..format.manifest import Alias, FileRecord, Manifest, TensorRecord
 from ..format.safetensors_header import Header
 
@@ -51,11 +52,13 @@ class FilePlan:
 
 @dataclass(frozen=True)
 class RankPlan:
-    """Everything one rank reads, and the aliases it hands back (alias -> target)."""
+    """Everything one rank reads, the tensors it joins from several pieces (SPEC 7.2 rule 7),
+    and the aliases it hands back (alias -> target)."""
 
     rank: int
     files: tuple[FilePlan, ...]
     aliases: dict[str, str]
+    joins: dict[str, Join]
 
     @property
     def total_bytes(self) -> int:
@@ -74,16 +77,21 @@ def plan_ranks(manifest: Manifest, ranks: Iterable[int]) -> list[RankPlan]:
         rank: {f.path: {} for f in manifest.files_of(rank)} for rank in ranks
     }
     held: dict[int, set[str]] = {rank: set() for rank in ranks}
+    joins: dict[int, dict[str, Join]] = {rank: {} for rank in ranks}
     for name, record in manifest.tensors.items():
         if not isinstance(record, TensorRecord):
             continue
         for piece in record.pieces:
             files = expected.get(piece.rank)
-            # A piece in a file its rank does not own is error file-rank (checks.py); a second
-            # piece of one rank is error piece-duplicate: neither gets planned.
-            if files is not None and piece.file in files and name not in held[piece.rank]:
+            # A piece in a file its rank does not own is error file-rank (checks.py), and a
+            # second piece of one rank in one file error piece-duplicate: not planned.
+            if files is not None and piece.file in files and name not in files[piece.file]:
                 files[piece.file][name] = (record.dtype, piece.shape)
                 held[piece.rank].add(name)
+        for rank, pieces in several_per_rank(record.pieces).items():
+            join = join_of(pieces)  # the checked manifest allows only joinable ones
+            if rank in joins and isinstance(join, Join):
+                joins[rank][name] = join
     aliases = [(name, record.alias_of) for name, record in manifest.tensors.items()
                if isinstance(record, Alias)]
     return [
@@ -91,6 +99,7 @@ def plan_ranks(manifest: Manifest, ranks: Iterable[int]) -> list[RankPlan]:
             rank,
             tuple(FilePlan(f, expected[rank][f.path]) for f in manifest.files_of(rank)),
             {name: target for name, target in aliases if target in held[rank]},
+            joins[rank],
         )
         for rank in ranks
     ]

@@ -491,9 +491,9 @@ def reference_load(checkpoint: str | os.PathLike[str], rank: int,
         if isinstance(record, Alias):
             record = opened.manifest.tensors[record.alias_of]
         assert isinstance(record, TensorRecord)
-        piece = record.piece_of(rank)
-        assert piece is not None
-        out[name] = (record.dtype, piece.shape, tensor_bytes(tensor))
+        shape = record.shape_on(rank)
+        assert shape is not None
+        out[name] = (record.dtype, shape, tensor_bytes(tensor))
     return out
 
 

@@ -42,6 +42,7 @@ from ..storage.location import Location, PathOrURL, locate
 from ..storage.remote import RemoteRoot
 from ..storage.remote_write import upload_file, write_object
 from .directory import claim_directory, commit_checkpoint, prepare_directory
+from .shards import Shard, file_entries, shards_of
 
 __all__ = [
     "FILE_NAMES",
@@ -66,18 +67,6 @@ __all__ = [
 ]
 
 StateDict = Mapping[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Where a rank's tensor sits in its global tensor, in elements (SPEC 7.2).
-
-    ``replica`` numbers identical copies of one slice (0 for the primary, SPEC 7.4).
-    """
-
-    global_shape: tuple[int, ...]
-    offset: tuple[int, ...]
-    replica: int = 0
 
 
 def split(tensor: torch.Tensor, dim: int | None, parts: int) -> list[tuple[torch.Tensor, Shard]]:
@@ -141,7 +130,7 @@ def save(
     path: PathOrURL,
     *,
     layout: Layout,
-    sharding: Mapping[int, Mapping[str, Shard]] | None = None,
+    sharding: Mapping[int, Mapping[str, Shard | Sequence[Shard]]] | None = None,
     quantization: Quantization | None = None,
     logical: Mapping[str, Logical] | None = None,
     ties: Mapping[str, Tie] | None = None,
@@ -157,8 +146,8 @@ def save(
 
     ``logical`` and ``ties`` give tensors' logical records and ties to their base (SPEC 8.2,
     8.4), by name. A tensor with a :class:`Shard` in ``sharding[rank]`` is a piece of a global
-    tensor; one
-    without is rank-local. Tensors sharing storage on every rank that has them are recorded as
+    tensor; one with several Shards (each with its piece's ``shape``) is the join of several
+    pieces, written in files of their own (SPEC 7.2 rule 7); one without is rank-local. Tensors sharing storage on every rank that has them are recorded as
     aliases; non-contiguous tensors are written contiguous; zero-size tensors are kept. Each
     rank's tensors are split into files of about ``max_file_size`` bytes. ``extra_files`` maps
     names inside the checkpoint to source paths (or is a list of paths kept by base name).
@@ -192,7 +181,17 @@ class TensorInfo:
     dtype: str
     shape: tuple[int, ...]
     nbytes: int
-    shard: Shard | None
+    #: None for a rank-local tensor; several Shards for the join of several pieces
+    shard: Shard | tuple[Shard, ...] | None
+
+    @property
+    def shards(self) -> tuple[Shard, ...]:
+        """One Shard per piece, each with its piece's shape (none for a rank-local tensor)."""
+        if self.shard is None:
+            return ()
+        if isinstance(self.shard, Shard):
+            return (replace(self.shard, shape=self.shape),)
+        return self.shard
 
 
 @dataclass(frozen=True)
@@ -206,7 +205,7 @@ class RankInfo:
 
 
 def describe_rank(
-    rank: int, state: StateDict, sharding: Mapping[str, Shard] | None = None
+    rank: int, state: StateDict, sharding: Mapping[str, Shard | Sequence[Shard]] | None = None
 ) -> RankInfo:
     """Check one rank's state dict and describe it (no data is copied)."""
     sharding = sharding or {}
@@ -220,9 +219,9 @@ def describe_rank(
             raise TypeError(f"rank {rank}, tensor {name!r}: expected a torch.Tensor, got "
                             f"{type(tensor).__name__}")
         dtype, shape = spec_shape(tensor)  # raises for a dtype the format cannot hold
-        shard = sharding.get(name)
-        if shard is not None:
-            shard = Shard(tuple(shard.global_shape), tuple(shard.offset), shard.replica)
+        given = sharding.get(name)
+        shards = None if given is None else shards_of(name, rank, given, shape)
+        shard = shards[0] if shards is not None and len(shards) == 1 else shards
         tensors[name] = TensorInfo(dtype.name, shape, byte_size(dtype, shape) or 0, shard)
         key = _storage_key(tensor)
         if key is None:
@@ -261,19 +260,39 @@ def _global_aliases(ranks: Sequence[RankInfo]) -> dict[str, str]:
 
 def _assign_parts(
     tensors: Mapping[str, TensorInfo], skip: Container[str], max_file_size: int
-) -> list[list[str]]:
-    """Greedy split into parts of at most ``max_file_size`` data bytes; always one part."""
-    parts: list[list[str]] = [[]]
+) -> list[list[tuple[str, int]]]:
+    """Greedy split of (name, piece index) into parts of at most ``max_file_size`` data bytes;
+    always one part. The k-th pieces of joined tensors follow in parts of their own, one run
+    of parts for each k: two pieces of one tensor never share a file (SPEC 7.2 rule 3)."""
+    parts: list[list[tuple[str, int]]] = [[]]
     size = 0
-    for name, info in tensors.items():
-        if name in skip:
-            continue
-        if parts[-1] and size + info.nbytes > max_file_size:
+    for k in range(max((len(i.shards) for i in tensors.values()), default=1) or 1):
+        if k:
             parts.append([])
             size = 0
-        parts[-1].append(name)
-        size += info.nbytes
+        for name, info in tensors.items():
+            if name in skip or (k and k >= len(info.shards)):
+                continue
+            nbytes = info.nbytes if len(info.shards) < 2 else _piece_bytes(info, k)
+            if parts[-1] and size + nbytes > max_file_size:
+                parts.append([])
+                size = 0
+            parts[-1].append((name, k))
+            size += nbytes
     return parts
+
+
+def _piece_bytes(info: TensorInfo, k: int) -> int:
+    piece = info.shards[k].shape
+    assert piece is not None
+    return info.nbytes * _count(piece) // max(_count(info.shape), 1)
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
 
 
 _PLACEHOLDER = {"sha256": "0" * 64}
@@ -303,12 +322,12 @@ def plan_checkpoint(
     logical = logical or {}
     ties = ties or {}
     rank_records = []
-    file_of: dict[tuple[int, str], str] = {}
+    file_of: dict[tuple[int, str, int], str] = {}
     for info in ranks:
         parts = _assign_parts(info.tensors, aliases, max_file_size)
         names = _file_names(layout, info.rank, len(parts), file_names)
         for file_name, part in zip(names, parts, strict=True):
-            file_of.update({(info.rank, tensor): file_name for tensor in part})
+            file_of.update({(info.rank, tensor, k): file_name for tensor, k in part})
         rank_records.append(RankRecord(
             rank=info.rank, **layout.coordinates(info.rank),
             files=tuple(FileRecord(path=n, size=0, checksums=_PLACEHOLDER) for n in names)))
@@ -337,7 +356,7 @@ def plan_checkpoint(
 def _tensor_record(
     name: str,
     ranks: Sequence[RankInfo],
-    file_of: Mapping[tuple[int, str], str],
+    file_of: Mapping[tuple[int, str, int], str],
     logical: Logical | None,
     tie: Tie | None = None,
 ) -> TensorRecord:
@@ -352,15 +371,15 @@ def _tensor_record(
         missing = sorted(set(infos) - set(given))
         raise ValueError(f"tensor {name!r} has a Shard on ranks {given} but not on {missing}: "
                          "give every rank's piece a Shard, or none for a rank-local tensor")
-    global_shapes = {t.shard.global_shape for t in infos.values() if t.shard is not None}
+    global_shapes = {s.global_shape for t in infos.values() for s in t.shards}
     if len(global_shapes) > 1:
         raise ValueError(f"tensor {name!r}: the ranks' Shards disagree on the global shape: "
                          f"{sorted(global_shapes)}")
     pieces = tuple(
-        Piece(rank=r, file=file_of[(r, name)], shape=t.shape,
-              offset=None if t.shard is None else t.shard.offset,
-              replica=0 if t.shard is None else t.shard.replica)
-        for r, t in infos.items()
+        Piece(rank=r, file=file_of[(r, name, 0)], shape=t.shape) if t.shard is None else
+        Piece(rank=r, file=file_of[(r, name, k)], shape=s.shape or t.shape, offset=s.offset,
+              replica=s.replica)
+        for r, t in infos.items() for k, s in enumerate(t.shards or (None,))  # type: ignore[arg-type]
     )
     return TensorRecord(dtype=dtypes.pop(), shape=global_shapes.pop() if global_shapes else None,
                         pieces=pieces, logical=logical, tied_to=tie)
@@ -370,14 +389,9 @@ def write_rank(
     root: Location, rank: int, state: StateDict, draft: Manifest
 ) -> list[FileRecord]:
     """Write ``rank``'s data files as ``draft`` places them; return their real records."""
-    names_in: dict[str, list[str]] = {f.path: [] for f in draft.ranks[rank].files}
-    for name, record in draft.tensors.items():
-        if isinstance(record, TensorRecord):
-            piece = record.piece_of(rank)
-            if piece is not None:
-                names_in[piece.file].append(name)
-    return [write_data_file(root, path, {n: state[n] for n in names})
-            for path, names in names_in.items()]
+    return [write_data_file(root, path, {n: state[n] if cut is None else
+                                         state[n].narrow(*cut) for n, cut in entries})
+            for path, entries in file_entries(draft, rank).items()]
 
 
 def finish_manifest(draft: Manifest, records: Mapping[str, FileRecord]) -> Manifest:

@@ -1,0 +1,62 @@
+"""Several pieces of one tensor on one rank (SPEC 7.2 rules 3, 6, 7, format 1.3): their join.
+
+A fused projection shared part by part gives a rank two or three slices of one tensor, and torch's
+distributed checkpoint may give a rank several chunks; the rank's value is their join, the slices
+laid one after the other along the one dimension in which their offsets differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .manifest import Piece
+
+__all__ = ["Join", "join_of", "several_per_rank"]
+
+
+class Join:
+    """The pieces of one rank in join order, the dimension they join along, and the joined shape."""
+
+    __slots__ = ("dim", "pieces", "shape")
+
+    def __init__(self, dim: int, pieces: tuple[Piece, ...]) -> None:
+        self.dim = dim
+        self.pieces = pieces
+        shape = list(pieces[0].shape)
+        shape[dim] = sum(p.shape[dim] for p in pieces)
+        self.shape = tuple(shape)
+
+
+def join_of(pieces: Sequence[Piece]) -> Join | str:
+    """The join of one rank's pieces of a global tensor (two or more), or why there is none."""
+    files = [p.file for p in pieces]
+    if len(set(files)) != len(files):
+        return "two of them lie in one file (a file holds one entry of a name)"
+    first = pieces[0]
+    if first.offset is None or not first.shape:
+        return "only pieces of a global tensor of one dimension or more can be joined"
+    differing = [d for d in range(len(first.shape))
+                 if any(p.offset is None or p.offset[d] != first.offset[d] for p in pieces)]
+    if len(differing) != 1:
+        return ("their offsets differ in no dimension" if not differing
+                else f"their offsets differ in dimensions {differing}, not in one")
+    dim = differing[0]
+    for p in pieces:
+        if p.offset is None or len(p.shape) != len(first.shape) or any(
+                p.shape[d] != first.shape[d] or p.offset[d] != first.offset[d]
+                for d in range(len(first.shape)) if d != dim):
+            return f"their offsets or sizes differ outside dimension {dim}"
+    ordered = tuple(sorted(pieces, key=lambda p: p.offset[dim]))  # type: ignore[index]
+    for a, b in zip(ordered, ordered[1:]):
+        start_a, start_b = a.offset[dim], b.offset[dim]  # type: ignore[index]
+        if start_a == start_b or start_a + a.shape[dim] > start_b:
+            return f"they overlap along dimension {dim}"
+    return Join(dim, ordered)
+
+
+def several_per_rank(pieces: Sequence[Piece]) -> dict[int, list[Piece]]:
+    """The ranks that hold several of ``pieces``, each with its pieces in record order."""
+    by_rank: dict[int, list[Piece]] = {}
+    for piece in pieces:
+        by_rank.setdefault(piece.rank, []).append(piece)
+    return {rank: held for rank, held in by_rank.items() if len(held) > 1}

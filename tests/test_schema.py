@@ -77,3 +77,30 @@ def test_a_schema_of_another_shape_is_not_relaxed() -> None:
 def test_the_fast_path_schema_accepts_what_the_schema_accepts(name: str, data: Any) -> None:
     if schema.is_valid(data) and not schema._has_float(data):
         assert schema.is_valid_if_piece_files_listed(data)
+
+
+@pytest.mark.parametrize("version, codes", [
+    ("1.4", ["version-newer-minor", "unknown-field", "unknown-field"]),
+    ("1.3", ["schema", "schema"]),
+])
+def test_records_named_like_numbers_are_located(version: str, codes: list[str]) -> None:
+    """jsonschema-rs names the tensor "0" by the integer 0: it was a KeyError (found by the
+    generated checkpoints of the conformance suite)."""
+    from shardspec.format.parse import parse_manifest
+    piece = {"rank": 0, "file": "a.safetensors", "offset": [0], "shape": [1]}
+    manifest = {
+        "format": "shardspec", "format_version": version,
+        "layout": {"tp_size": 1, "pp_size": 1, "ep_size": 1, "world_size": 1,
+                   "rank_order": "pp-ep-tp"},
+        "ranks": [{"rank": 0, "tp_rank": 0, "pp_rank": 0, "ep_rank": 0, "files": [
+            {"path": "a.safetensors", "size": 8, "checksums": {"sha256": "0" * 64}}]}],
+        "quantization": {"method": "none"},
+        "tensors": {"7": {"dtype": "F32", "shape": [1], "pieces": [piece], "x": None},
+                    "0": {"alias_of": "7", "x": None}},
+    }
+    found = parse_manifest(json.dumps(manifest).encode()).findings
+    assert sorted(f.code for f in found) == sorted(codes)
+    where = {f.json_path or "" for f in found if f.code != "version-newer-minor"}
+    assert len(where) == 2, where
+    assert all(".tensors['0']" in w or ".tensors['7']" in w or ".tensors.0" in w
+               or ".tensors.7" in w for w in where), where

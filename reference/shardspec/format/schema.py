@@ -343,11 +343,14 @@ def _locate(data: Any, open_schema: bool, checkable: Any) -> _Located | None:
             top[path[0]] = data[path[0]]
             whole.add(path[0])
             continue
-        where = (path[0], path[1])
+        container = data[path[0]]
+        # jsonschema-rs gives a key that looks like a number ("0", a tensor's name) as an int
+        key = str(path[1]) if isinstance(container, dict) else path[1]
+        where = (path[0], key)
         if where in items:
             continue
         if len(items) < MAX_SCHEMA_FINDINGS:
-            items[where] = data[path[0]][path[1]]
+            items[where] = container[key]
         else:
             left_out += 1
     kept = [(key, at, item) for (key, at), item in items.items() if key not in whole]

@@ -209,7 +209,7 @@ def _joined(pieces: list[tuple[dict[str, Any], TensorData]]) -> TensorData:
     outer = math.prod(shape[:dim])
     rows = []  # per index of the dimensions before dim, each piece's bytes in turn
     for i in range(outer):
-        for _, (_, piece_shape, data) in pieces:
+        for _, (_, _, data) in pieces:
             step = len(data) // outer
             rows.append(data[i * step:(i + 1) * step])
     joined = list(shape)

@@ -87,10 +87,8 @@ def adopt(root: Path, files: Mapping[int, Mapping[int, str]], pieces_of: PiecesO
                     if dtype != header.entries[tensor].dtype.name:
                         raise HFError(f"tensor {tensor!r} is {dtype} on one rank and "
                                       f"{header.entries[tensor].dtype.name} in {name}")
-                    if any(p.rank == rank for p in pieces.get(tensor, ())):
-                        raise HFError(
-                            f"rank {rank} holds tensor {tensor!r} twice (in {name} too): a "
-                            "rank holds at most one piece of a tensor (SPEC 7.2 rule 3)")
+                    # Several pieces of one rank (in different files) must join: the
+                    # manifest's checks say so before it is committed (SPEC 7.2 rule 7).
                     pieces.setdefault(tensor, []).append(piece)
                 handle.seek(0)
                 digests, size = digest_stream(handle, progress=advance)

@@ -10,8 +10,9 @@ global shape is where the pieces end (as torch's reader takes it); a tensor that
 replicates is saved once, by one rank. Every file is checksummed and nothing is rewritten or
 copied (:mod:`.adopt`); the manifest's checks (coverage, bounds) run before it is committed.
 
-A rank holding two chunks of one tensor (FSDP2 with TP saves strided shards so) is refused:
-a rank holds at most one piece of a tensor (SPEC 7.2 rule 3).
+A rank may hold several chunks of one tensor in different files (FSDP2 with TP saves strided
+shards so) where they join along one dimension (SPEC 7.2 rules 3, 7, format 1.3); chunks that do
+not are refused by the manifest's checks, naming the tensor and the rank.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from collections.abc import Iterable, Iterator
 
 from .dtypes import DTYPES, bit_count, byte_size, element_count
 from .errors import Finding
-from .limits import MANIFEST_NAME, MAX_NAME_BYTES, MAX_PATH_BYTES
 from .joins import join_of, several_per_rank
+from .limits import MANIFEST_NAME, MAX_NAME_BYTES, MAX_PATH_BYTES
 from .manifest import Alias, Manifest, Piece, TensorRecord
 from .overlap import first_overlap
 from .ties import check_ties

@@ -47,7 +47,7 @@ def join_of(pieces: Sequence[Piece]) -> Join | str:
                 for d in range(len(first.shape)) if d != dim):
             return f"their offsets or sizes differ outside dimension {dim}"
     ordered = tuple(sorted(pieces, key=lambda p: p.offset[dim]))  # type: ignore[index]
-    for a, b in zip(ordered, ordered[1:]):
+    for a, b in zip(ordered, ordered[1:], strict=False):
         start_a, start_b = a.offset[dim], b.offset[dim]  # type: ignore[index]
         if start_a == start_b or start_a + a.shape[dim] > start_b:
             return f"they overlap along dimension {dim}"

@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +193,7 @@ class CheckpointSpec:
     layout: Layout
     plans: list[TensorPlan]
     states: dict[int, dict[str, torch.Tensor]]
-    sharding: dict[int, dict[str, Shard]]
+    sharding: dict[int, dict[str, Shard | list[Shard]]]
     #: Tensors of an F6 dtype, held as uint8 placeholders until written.
     f6: dict[str, str] = field(default_factory=dict)
     quantization: Quantization = field(default_factory=Quantization)
@@ -238,7 +238,9 @@ class CheckpointSpec:
             found.add("6.5")
         if "global" in kinds:
             found.add("7.3")
-        if any(s.replica for shards in self.sharding.values() for s in shards.values()):
+        given = [s for shards in self.sharding.values() for one in shards.values()
+                 for s in ([one] if isinstance(one, Shard) else one)]
+        if any(s.replica for s in given):
             found.add("7.4")
         if "rank-local" in kinds:
             found.add("7.5")
@@ -345,7 +347,14 @@ def _place_global(draw: st.DrawFn, spec: CheckpointSpec, name: str, seed: int) -
     # F6 is held as placeholder bytes: never split it along its last dimension.
     dims = list(range(len(tshape) - 1 if dtype in F6 else len(tshape)))
     stage = draw(st.integers(0, layout.pp_size - 1))
-    tp_mode = draw(st.sampled_from(["split", "replicate", "single"]))
+    # per_part: a fused tensor shared part by part, several pieces a rank (SPEC 7.2 rule 7)
+    parted = [d for d in dims if tshape[d] >= 2 * layout.tp_size] if dtype not in (
+        "F4", *F6) and layout.tp_size > 1 else []
+    tp_mode = draw(st.sampled_from(["split", "replicate", "single"]
+                                   + (["per_part"] if parted else [])))
+    if tp_mode == "per_part":
+        plan = TensorPlan(name, "global", dtype, shape, (), "")
+        return _place_per_part(draw, spec, plan, base, draw(st.sampled_from(parted)), stage)
     tp_dim = draw(st.sampled_from(dims)) if tp_mode == "split" and dims else None
     ep_dim = None
     if layout.ep_size > 1 and dims and draw(st.booleans()):
@@ -378,6 +387,36 @@ def _place_global(draw: st.DrawFn, spec: CheckpointSpec, name: str, seed: int) -
                     if dim is not None) or ("whole on one rank" if tp_mode == "single"
                                             else "replicated")
     return TensorPlan(name, "global", dtype, shape, tuple(held), f"stage {stage}, {how}")
+
+
+def _place_per_part(draw: st.DrawFn, spec: CheckpointSpec, plan: TensorPlan,
+                    base: torch.Tensor, dim: int, stage: int) -> TensorPlan:
+    """A fused tensor of 2 or 3 parts along ``dim``, each split over the stage's TP ranks: each
+    rank holds one run of every part, several pieces joined (SPEC 7.2 rule 7, format 1.3);
+    ranks of other expert coordinates hold replicas."""
+    layout, shape, name = spec.layout, tuple(base.shape), plan.name
+    parts = draw(st.integers(2, min(3, shape[dim] // layout.tp_size)), label=f"{name} parts")
+    runs = [box for part in _blocks(shape, [(dim, parts)])
+            for box in _blocks(part[1], [(dim, layout.tp_size)])
+            for box in [(tuple(a + b for a, b in zip(part[0], box[0], strict=True)), box[1])]]
+    held: list[int] = []
+    seen: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    for rank in range(layout.size):
+        c = layout.coordinates(rank)
+        if c["pp_rank"] != stage:
+            continue
+        mine = runs[c["tp_rank"]::layout.tp_size]  # its run of each part, in offset order
+        shards = []
+        for offset, size in mine:
+            replica = seen[(offset, size)] = seen.get((offset, size), -1) + 1
+            shards.append(Shard(shape, offset, replica, size))
+        spec.states[rank][name] = torch.cat(
+            [base[tuple(slice(o, o + n) for o, n in zip(offset, size, strict=True))]
+             for offset, size in mine], dim=dim)
+        spec.sharding[rank][name] = shards
+        held.append(rank)
+    return replace(plan, holders=tuple(held),
+                   split=f"stage {stage}, {parts} parts along dim {dim}, each split over tp")
 
 
 def _place_local(draw: st.DrawFn, spec: CheckpointSpec, name: str, seed: int) -> TensorPlan:

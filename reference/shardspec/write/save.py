@@ -147,9 +147,10 @@ def save(
     ``logical`` and ``ties`` give tensors' logical records and ties to their base (SPEC 8.2,
     8.4), by name. A tensor with a :class:`Shard` in ``sharding[rank]`` is a piece of a global
     tensor; one with several Shards (each with its piece's ``shape``) is the join of several
-    pieces, written in files of their own (SPEC 7.2 rule 7); one without is rank-local. Tensors sharing storage on every rank that has them are recorded as
-    aliases; non-contiguous tensors are written contiguous; zero-size tensors are kept. Each
-    rank's tensors are split into files of about ``max_file_size`` bytes. ``extra_files`` maps
+    pieces, written in files of their own (SPEC 7.2 rule 7); one without is rank-local.
+    Tensors sharing storage on every rank that has them are recorded as aliases;
+    non-contiguous tensors are written contiguous; zero-size tensors are kept. Each rank's
+    tensors are split into files of about ``max_file_size`` bytes. ``extra_files`` maps
     names inside the checkpoint to source paths (or is a list of paths kept by base name).
     Bad sharding information is refused before anything is written.
     """
@@ -376,13 +377,18 @@ def _tensor_record(
         raise ValueError(f"tensor {name!r}: the ranks' Shards disagree on the global shape: "
                          f"{sorted(global_shapes)}")
     pieces = tuple(
-        Piece(rank=r, file=file_of[(r, name, 0)], shape=t.shape) if t.shard is None else
         Piece(rank=r, file=file_of[(r, name, k)], shape=s.shape or t.shape, offset=s.offset,
               replica=s.replica)
-        for r, t in infos.items() for k, s in enumerate(t.shards or (None,))  # type: ignore[arg-type]
+        if t.shard is not None else Piece(rank=r, file=file_of[(r, name, 0)], shape=t.shape)
+        for r, t in infos.items() for k, s in _numbered(t.shards)
     )
     return TensorRecord(dtype=dtypes.pop(), shape=global_shapes.pop() if global_shapes else None,
                         pieces=pieces, logical=logical, tied_to=tie)
+
+
+def _numbered(shards: tuple[Shard, ...]) -> list[tuple[int, Shard]]:
+    """Each piece's index, and its Shard; a rank-local tensor's one piece has index 0."""
+    return list(enumerate(shards)) or [(0, Shard((), ()))]
 
 
 def write_rank(

@@ -23,7 +23,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -135,13 +135,19 @@ def training_state(model: Model, step: int, lr: float, tag: bytes) -> dict[str, 
 # --- running a world ----------------------------------------------------------------------------
 
 
-def _child(rank: int, world: int, tmp: str, scenario: str, args: dict[str, Any]) -> None:
+#: A scenario: a name of :data:`SCENARIOS`, or a module-level function of another test module
+#: (spawned ranks import it by name), called as ``scenario(rank, world, **args)`` -> its report.
+Scenario = str | Callable[..., dict[str, Any]]
+
+
+def _child(rank: int, world: int, tmp: str, scenario: Scenario, args: dict[str, Any]) -> None:
     result: dict[str, Any] = {"rank": rank, "ok": False}
     try:
         dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=120))
         torch.set_num_threads(1)
-        result.update(SCENARIOS[scenario](rank, world, **args))
+        run = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
+        result.update(run(rank, world, **args))
         result["ok"] = True
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         result.update(error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
@@ -149,8 +155,9 @@ def _child(rank: int, world: int, tmp: str, scenario: str, args: dict[str, Any])
     os._exit(0)  # no process-group teardown that could wait on a dead peer
 
 
-def run_world(tmp: Path, world: int, scenario: str, **args: Any) -> list[dict[str, Any]]:
-    run_dir = tmp / f"run-{scenario}"
+def run_world(tmp: Path, world: int, scenario: Scenario, **args: Any) -> list[dict[str, Any]]:
+    scenario_name = scenario if isinstance(scenario, str) else scenario.__name__
+    run_dir = tmp / f"run-{scenario_name}"
     run_dir.mkdir()
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_child, args=(r, world, str(run_dir), scenario, args))
@@ -165,13 +172,13 @@ def run_world(tmp: Path, world: int, scenario: str, **args: Any) -> list[dict[st
         if proc.is_alive():
             proc.kill()
             proc.join()
-    assert not hung, f"ranks {hung} of {scenario!r} still running after {JOIN_SECONDS}s"
+    assert not hung, f"ranks {hung} of {scenario_name!r} still running after {JOIN_SECONDS}s"
     results = []
     for r in range(world):
         out = run_dir / f"result-{r}.json"
-        assert out.exists(), f"rank {r} of {scenario!r} died without a report"
+        assert out.exists(), f"rank {r} of {scenario_name!r} died without a report"
         result = json.loads(out.read_text())
-        assert result["ok"], f"rank {r} of {scenario!r}: {result.get('traceback')}"
+        assert result["ok"], f"rank {r} of {scenario_name!r}: {result.get('traceback')}"
         results.append(result)
     return results
 

@@ -33,8 +33,10 @@ from torch.distributed.checkpoint.planner import SavePlan, WriteItem, WriteItemT
 
 from ...format.dcp_objects import OBJECTS_KEY, parse_objects  # re-exported: DCP's names
 from ...format.dtypes import DTYPES, byte_size, from_torch
-from ...format.manifest import Alias, Manifest, TensorRecord
-from ...write.save import RankInfo, Shard, TensorInfo
+from ...format.joins import Join, join_of
+from ...format.manifest import Alias, Manifest, Piece, TensorRecord
+from ...write.save import RankInfo, TensorInfo
+from ...write.shards import Shard
 
 __all__ = [
     "OBJECTS_KEY",
@@ -77,8 +79,9 @@ class LocalPlan:
 class Assignment:
     """What the coordinator tells one rank to write."""
 
-    #: data file -> tensor names, in the order the manifest draft places them
-    files: dict[str, list[str]] = field(default_factory=dict)
+    #: data file -> the chunks it holds, as (tensor name, chunk offset), in the order the
+    #: manifest draft places them
+    files: dict[str, list[tuple[str, tuple[int, ...]]]] = field(default_factory=dict)
     #: names of the non-tensor values this rank writes, and the extra file they go to
     objects: list[str] = field(default_factory=list)
     objects_file: str | None = None
@@ -113,22 +116,27 @@ def assign_pieces(
     ``kept[r]`` are the items DCP's planner left rank r. With ``replicas``, every copy of a
     chunk is a piece, numbered 0, 1, ... in rank order (SPEC 7.4); without, only the kept one.
     Empty chunks of a non-empty tensor (FSDP's ranks past the last row) are no piece; a tensor
-    with no element keeps one piece. A rank holding two chunks of one tensor is refused: a rank
-    holds at most one piece of a tensor (SPEC 7.2 rule 3).
+    with no element keeps one piece. A rank holding several chunks of one tensor (a
+    ``ShardedTensor`` with several local shards) holds several pieces of it, each in a file of
+    its own, its value their join (SPEC 7.2 rules 3, 6, 7); chunks that cannot be joined along
+    one dimension are refused (:class:`ValueError` naming the tensor and the rank), before
+    anything is written.
     """
     kept_keys = [{(i.index.fqn, tuple(i.index.offset or ())) for i in items
                   if i.type != WriteItemType.BYTE_IO} for items in kept]
+    for local in locals_:  # refuse first: every chunk a rank holds, whichever copies it writes
+        held: dict[str, list[LocalChunk]] = {}
+        for chunk in local.chunks:
+            if not _empty(chunk):
+                held.setdefault(chunk.name, []).append(chunk)
+        for name, chunks in held.items():
+            if len(chunks) > 1:
+                _join(local.rank, name, chunks)
     copies: dict[tuple[str, tuple[int, ...]], list[int]] = {}
     for local in locals_:
-        seen: set[str] = set()
         for chunk in local.chunks:
-            if chunk.name in seen:
-                raise ValueError(f"rank {local.rank} holds two chunks of tensor {chunk.name!r}; "
-                                 "a rank holds at most one piece of a tensor (SPEC 7.2)")
-            seen.add(chunk.name)
             writes = replicas or (chunk.name, chunk.offset) in kept_keys[local.rank]
-            empty = math.prod(chunk.shape) == 0 and math.prod(chunk.global_shape) > 0
-            if writes and not empty:
+            if writes and not _empty(chunk):
                 copies.setdefault((chunk.name, chunk.offset), []).append(local.rank)
     for local in locals_:  # a tensor without elements still needs a record: one piece
         for chunk in local.chunks:
@@ -137,17 +145,46 @@ def assign_pieces(
                 copies[(chunk.name, chunk.offset)] = [local.rank]
     infos: list[RankInfo] = []
     for local in locals_:
-        tensors: dict[str, TensorInfo] = {}
+        mine: dict[str, list[LocalChunk]] = {}
         for chunk in local.chunks:
-            holders = copies.get((chunk.name, chunk.offset), [])
-            if local.rank not in holders:
-                continue
-            nbytes = byte_size(DTYPES[chunk.dtype], chunk.shape) or 0
-            shard = Shard(chunk.global_shape, chunk.offset, holders.index(local.rank))
-            tensors[chunk.name] = TensorInfo(chunk.dtype, chunk.shape, nbytes, shard)
+            if local.rank in copies.get((chunk.name, chunk.offset), ()):
+                mine.setdefault(chunk.name, []).append(chunk)
+        tensors: dict[str, TensorInfo] = {}
+        for name, chunks in mine.items():
+            shape = chunks[0].shape
+            if len(chunks) > 1:  # in join order: the k-th piece goes to the k-th run of files
+                join = _join(local.rank, name, chunks)
+                chunks, shape = [chunks[int(p.file)] for p in join.pieces], join.shape
+            shards = tuple(Shard(c.global_shape, c.offset,
+                                 copies[(name, c.offset)].index(local.rank), c.shape)
+                           for c in chunks)
+            nbytes = byte_size(DTYPES[chunks[0].dtype], shape) or 0
+            tensors[name] = TensorInfo(chunks[0].dtype, shape, nbytes,
+                                       shards[0] if len(shards) == 1 else shards)
         infos.append(RankInfo(local.rank, tensors, {}))
     objects = [[i.index.fqn for i in items if i.type == WriteItemType.BYTE_IO] for items in kept]
     return infos, objects
+
+
+def _empty(chunk: LocalChunk) -> bool:
+    """An empty chunk of a tensor that has elements: no piece."""
+    return math.prod(chunk.shape) == 0 and math.prod(chunk.global_shape) > 0
+
+
+def _join(rank: int, name: str, chunks: Sequence[LocalChunk]) -> Join:
+    """The join of one rank's chunks of a tensor (SPEC 7.2 rule 7), or a ValueError saying why
+    there is none."""
+    pieces = [Piece(rank=rank, file=str(i), shape=c.shape, offset=c.offset)
+              for i, c in enumerate(chunks)]
+    join = join_of(pieces)
+    if isinstance(join, str):
+        boxes = ", ".join(f"offset {list(c.offset)} size {list(c.shape)}" for c in chunks)
+        raise ValueError(
+            f"rank {rank} holds {len(chunks)} chunks of tensor {name!r} ({boxes}) that cannot "
+            f"be joined along one dimension: {join}. A rank's pieces of one tensor must have "
+            "the same offset and size in every dimension but one, and not overlap in it (SPEC "
+            "7.2 rule 7); shard the tensor so that each rank's chunks lie along one dimension")
+    return join
 
 
 def dcp_metadata(manifest: Manifest, checkpoint_id: str) -> Metadata:

@@ -266,8 +266,10 @@ def _check_dtype(manifest: Manifest, item: ReadItem, target: torch.Tensor) -> No
 
 def _rounds(manifest: Manifest, items: list[ReadItem]) -> list[list[ReadItem]]:
     """Split items so that each round reads one target chunk per stored tensor (a rank normally
-    holds one chunk of a tensor, so this is one round; an alias asked for beside its target
-    takes a second)."""
+    holds one chunk of a tensor, so this is one round; a ``ShardedTensor`` with several local
+    shards, or an alias asked for beside its target, takes more). The source side needs no
+    rounds: DCP's items name the stored pieces by their global offsets, whichever ranks, and
+    however many per rank, hold them."""
     chunk_of: dict[str, list[tuple[str, tuple[int, ...]]]] = {}
     rounds: list[list[ReadItem]] = []
     for item in items:

@@ -76,8 +76,11 @@ class Writer(StorageWriter):
     rank r of the layout, so its size must equal the group's. None records a flat layout,
     ``Layout(tp_size=world_size)``. ``replicas`` writes every rank's copy of a replicated tensor
     (SPEC 7.4), so each rank of the layout loads from its own files alone; False writes one copy
-    (DCP's choice of rank), as DCP's own writers do. ``overwrite`` allows replacing the
-    checkpoint in a non-empty directory (SPEC 10.2). ``metadata`` goes to the manifest.
+    (DCP's choice of rank), as DCP's own writers do. A rank holding several chunks of one tensor
+    (a ``ShardedTensor`` with several local shards) writes each as a piece in a file of its own
+    (format 1.3, SPEC 7.2 rule 7); chunks that do not lie along one dimension are refused before
+    anything is written. ``overwrite`` allows replacing the checkpoint in a non-empty
+    directory (SPEC 10.2). ``metadata`` goes to the manifest.
     ``extra_files`` (a serving engine's ``config.json``, tokenizer files: names inside the
     checkpoint -> sources, or a list of sources kept by base name) are copied in by the
     coordinator before it commits, as :func:`shardspec.save` copies them.
@@ -164,8 +167,8 @@ class Writer(StorageWriter):
                 assignments[record.rank].files[file.path] = []
         for name, tensor in draft.tensors.items():
             if isinstance(tensor, TensorRecord):
-                for piece in tensor.pieces:
-                    assignments[piece.rank].files[piece.file].append(name)
+                for piece in tensor.pieces:  # a rank may hold several (SPEC 7.2 rule 7)
+                    assignments[piece.rank].files[piece.file].append((name, piece.offset or ()))
         for rank, names in enumerate(objects):
             if names:
                 assignments[rank].objects = names
@@ -178,13 +181,11 @@ class Writer(StorageWriter):
         assignment = plan.storage_data
         assert isinstance(assignment, Assignment), "prepare_global_plan ran"
         root = self.root
-        by_name = {item.index.fqn: item for item in self._items.values()
-                   if item.type != WriteItemType.BYTE_IO}
         records: list[FileRecord] = []
-        for path, names in assignment.files.items():
+        for path, chunks in assignment.files.items():
             tensors = {}
-            for name in names:
-                data = planner.resolve_data(by_name[name])
+            for name, offset in chunks:  # each chunk of a tensor is a piece in a file of its own
+                data = planner.resolve_data(self._items[(name, offset)])
                 assert isinstance(data, torch.Tensor)
                 tensors[name] = data
             records.append(write_data_file(root, path, tensors))

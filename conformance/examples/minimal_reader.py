@@ -3,9 +3,10 @@
 
     python minimal_reader.py CHECKPOINT_DIR RANK OUTPUT_FILE
 
-It reads format 1.2, tied tensors (SPEC 8.4) included. It loads one rank of a checkpoint the
-way SPEC section 11.1 says and writes the tensors that rank loads (aliases as entries of their
-own) to OUTPUT_FILE as a plain safetensors file: the conformance adapter protocol
+It reads format 1.3: tied tensors (SPEC 8.4) included, and a rank's several pieces of one
+tensor, which it returns joined (7.2 rules 3, 6, 7). It loads one rank of a checkpoint the way
+SPEC section 11.1 says and writes the tensors that rank loads (aliases as entries of their own)
+to OUTPUT_FILE as a plain safetensors file: the conformance adapter protocol
 (conformance/README.md). On an invalid checkpoint it prints
 ``error [code] message (SPEC x.y)`` to stderr, writes nothing and exits 1. Warnings go to stderr
 and do not stop it. Checksums are always verified (SPEC 9.2). ``SHARDSPEC_IGNORE_EXTENSIONS``
@@ -54,7 +55,7 @@ MAX_PATH_BYTES = 1024
 MAX_WORLD_SIZE = 65536
 MAX_SIZE = 2**63 - 1
 #: 4.1: the version this reader implements.
-SUPPORTED_MAJOR, SUPPORTED_MINOR = 1, 2
+SUPPORTED_MAJOR, SUPPORTED_MINOR = 1, 3
 
 # --- 13. Error codes: the section of each error this reader can report ----------------------
 
@@ -568,10 +569,44 @@ def check_coverage(name: str, shape: list[int], pieces: list[dict[str, Any]]) ->
         fail("coverage-gap", f"tensor {name!r}: pieces cover {covered} of {total} elements")
 
 
+def join_dimension(pieces: list[dict[str, Any]]) -> int | None:
+    """7.2 rule 7: the dimension d along which k >= 2 pieces of one rank are joinable, else
+    None: offsets and sizes equal in every other dimension, offsets distinct along d and, in
+    increasing order, each piece ending no later than the next begins. A scalar never joins."""
+    first, n = pieces[0], len(pieces[0]["offset"])
+    differ = [d for d in range(n) if any(p["offset"][d] != first["offset"][d] for p in pieces)]
+    if len(differ) != 1:
+        return None
+    d = differ[0]
+    if any(p["shape"][e] != first["shape"][e] for p in pieces for e in range(n) if e != d):
+        return None
+    runs = sorted((p["offset"][d], p["shape"][d]) for p in pieces)
+    if any(o1 == o2 or o1 + s1 > o2 for (o1, s1), (o2, _) in zip(runs, runs[1:], strict=False)):
+        return None
+    return d
+
+
+def check_several(name: str, record: dict[str, Any], held: list[dict[str, Any]],
+                  bases: set[str]) -> None:
+    """7.2 rule 3: several pieces of one tensor on one rank, in different files, joinable;
+    never for a rank-local tensor, a tied tensor or the base of one (8.4 rule 1)."""
+    rank = held[0]["rank"]
+    if "rank_local" in record or "tied_to" in record or name in bases:
+        fail("piece-duplicate", f"tensor {name!r}: rank {rank} holds {len(held)} pieces of a "
+             "tensor that has one per rank (rank-local, tied, or the base of a tie)")
+    if len({p["file"] for p in held}) != len(held):
+        fail("piece-duplicate", f"tensor {name!r}: rank {rank} holds two pieces in one file")
+    if join_dimension(held) is None:
+        fail("piece-duplicate", f"tensor {name!r}: rank {rank}'s {len(held)} pieces cannot "
+             "be joined along one dimension (7.2 rule 7)")
+
+
 def check_tensors(m: dict[str, Any]) -> None:
     world = m["layout"]["world_size"]
     owned = [{f["path"] for f in rank["files"]} for rank in m["ranks"]]
     tensors = m["tensors"]
+    bases = {r["tied_to"]["tensor"] for r in tensors.values()  # 8.4 rule 1
+             if "tied_to" in r and "alias_of" not in r and "rank_local" not in r}
     for name, record in tensors.items():
         if "alias_of" in record:  # 7.6 rule 1
             target = tensors.get(record["alias_of"])
@@ -588,7 +623,7 @@ def check_tensors(m: dict[str, Any]) -> None:
         if logical is not None and not bits_fit(logical["dtype"], logical["shape"]):
             fail("shape-overflow", f"tensor {name!r}: logical shape has too many elements "
                  "or bits")
-        holders: set[int] = set()
+        holders: dict[int, list[dict[str, Any]]] = {}
         for piece in record["pieces"]:  # 7.2
             rank = piece["rank"]
             if rank >= world:
@@ -596,9 +631,7 @@ def check_tensors(m: dict[str, Any]) -> None:
             if piece["file"] not in owned[rank]:  # 6.1 rule 2
                 fail("file-rank", f"tensor {name!r}: rank {rank}'s piece is in "
                      f"{piece['file']!r}, which rank {rank} does not own")
-            if rank in holders:
-                fail("piece-duplicate", f"tensor {name!r}: rank {rank} holds two pieces")
-            holders.add(rank)
+            holders.setdefault(rank, []).append(piece)
             if not local:
                 offset, size = piece["offset"], piece["shape"]
                 if not (len(offset) == len(size) == len(shape) and all(
@@ -608,6 +641,9 @@ def check_tensors(m: dict[str, Any]) -> None:
             if byte_count(dtype, piece["shape"]) is None:  # 7.1 rule 4, 6.5 rule 2
                 fail("st-size", f"tensor {name!r}: a {dtype} piece of shape {piece['shape']} "
                      "is not a whole number of bytes")
+        for held in holders.values():  # 7.2 rule 3, once every piece is inside its tensor
+            if len(held) > 1:
+                check_several(name, record, held, bases)
         if local:
             continue
         check_coverage(name, shape, record["pieces"])
@@ -752,6 +788,38 @@ def read_header(blob: bytes, path: str) -> tuple[int, dict[str, tuple[str, list[
     return 8 + length, out
 
 
+# --- 7.2 rule 7 Joining ------------------------------------------------------------------------
+
+
+def join(pieces: list[tuple[list[int], Tensor]]) -> Tensor:
+    """A rank's value of a tensor: its one piece, or the join of its several pieces (checked
+    joinable by check_several): one after the other along the one dimension d where their
+    offsets differ, in increasing offset. In row-major order that is, for each index of the
+    dimensions before d, each piece's block of rows in turn."""
+    if len(pieces) == 1:
+        return pieces[0][1]
+    pieces = sorted(pieces, key=lambda p: p[0])  # offsets differ only along d
+    first = pieces[0][0]
+    d = next(e for e in range(len(first)) if pieces[-1][0][e] != first[e])
+    dtype, shape = pieces[0][1].dtype, list(pieces[0][1].shape)
+    shape[d] = sum(tensor.shape[d] for _, tensor in pieces)
+    outer = element_count(shape[:d]) or 0
+    if not outer:  # no element at all
+        return Tensor(dtype, tuple(shape), b"")
+    bits = DTYPE_BITS[dtype]
+    if bits % 8 == 0:  # whole bytes: cut each piece into its `outer` blocks
+        blocks = [[t.data[i * len(t.data) // outer:(i + 1) * len(t.data) // outer]
+                   for i in range(outer)] for _, t in pieces]
+        return Tensor(dtype, tuple(shape), b"".join(b for row in zip(*blocks, strict=True)
+                                                    for b in row))
+    # Sub-byte dtypes (6.5 rule 3): a block may end inside a byte, so join the bit streams,
+    # each written as text, stream bit k at index k, and pack the result again.
+    streams = ["".join(f"{byte:08b}"[::-1] for byte in t.data) for _, t in pieces]
+    out = "".join(s[i * len(s) // outer:(i + 1) * len(s) // outer]
+                  for i in range(outer) for s in streams)
+    return Tensor(dtype, tuple(shape), int(out[::-1] or "0", 2).to_bytes(len(out) // 8, "little"))
+
+
 # --- 11.1 The reader procedure ---------------------------------------------------------------
 
 
@@ -793,11 +861,13 @@ def load_rank(
     if not 0 <= rank < m["layout"]["world_size"]:  # 8. request
         fail("rank-out-of-range", f"rank {rank} is not in 0..{m['layout']['world_size'] - 1}")
     wanted: dict[str, dict[str, tuple[str, list[int]]]] = {}  # file -> name -> dtype, shape
+    offsets: dict[tuple[str, str], list[int]] = {}  # (file, name) -> the piece's offset
     for name, record in m["tensors"].items():
         for piece in record.get("pieces", []):
             if piece["rank"] == rank:
                 wanted.setdefault(piece["file"], {})[name] = (record["dtype"], piece["shape"])
-    tensors: dict[str, Tensor] = {}
+                offsets[piece["file"], name] = piece.get("offset", [])
+    held: dict[str, list[tuple[list[int], Tensor]]] = {}  # name -> (offset, piece's array)
     for record in m["ranks"][rank]["files"]:  # 9. files, in part order
         path = record["path"]
         fd, size = open_inside(root, path)  # (a)
@@ -824,9 +894,11 @@ def load_rank(
             if algorithm in DIGESTS and \
                     hashlib.new(algorithm, blob).hexdigest() != expected:
                 fail("checksum-mismatch", f"{path!r}: {algorithm} differs from the manifest")
-        for name, (dtype, shape, begin, end) in entries.items():  # (e) 7.2 rule 6
-            tensors[name] = Tensor(dtype, tuple(shape), blob[start + begin : start + end])
-    for name, record in m["tensors"].items():  # 10. aliases (7.6 rule 3): the same object
+        for name, (dtype, shape, begin, end) in entries.items():  # (e) each piece's array
+            array = Tensor(dtype, tuple(shape), blob[start + begin : start + end])
+            held.setdefault(name, []).append((offsets[path, name], array))
+    tensors = {name: join(pieces) for name, pieces in held.items()}  # 10. joins (7.2 rule 6)
+    for name, record in m["tensors"].items():  # 11. aliases (7.6 rule 3): the same object
         if "alias_of" in record and record["alias_of"] in tensors:
             tensors[name] = tensors[record["alias_of"]]
     return tensors, warnings

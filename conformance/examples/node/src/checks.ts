@@ -1,9 +1,11 @@
 // Manifest semantics that the schema cannot express (SPEC 3.5 rule 3): extensions (4.4), paths
-// (2.1, 2.2), layout (5), pieces (6.1, 7.2), coverage (7.3), replicas (7.4), aliases (7.6) and
-// tied tensors (8.4): steps 6 and 7 of the reader procedure (11.1). No Node APIs.
+// (2.1, 2.2), layout (5), pieces (6.1, 7.2, several on one rank in joins.ts), coverage (7.3),
+// replicas (7.4), aliases (7.6) and tied tensors (8.4): steps 6 and 7 of the reader procedure
+// (11.1). No Node APIs.
 
 import { bitsFit, byteCount } from "./dtypes";
 import { fail, MANIFEST_NAME, MAX_PATH_BYTES, product, show, utf8Length, Warning } from "./errors";
+import { joinDimension } from "./joins";
 import { Manifest, Piece, TensorRecord } from "./schema";
 
 /** SPEC 4.4: no extension is understood here; `ignore` names those the user allows ignoring. */
@@ -84,9 +86,27 @@ function sameDims(a: readonly bigint[] | null, b: readonly bigint[] | null): boo
   return a.length === b.length && a.every((x, i) => x === b[i]);
 }
 
+/**
+ * SPEC 7.2 rule 3: a rank's several pieces of one tensor. Only a global tensor that is neither
+ * tied nor the base of a tie (8.4 rule 1) may have them, each in a file of its own, and they
+ * must be joinable (7.2 rule 7).
+ */
+function checkSeveral(name: string, t: Exclude<TensorRecord, { kind: "alias" }>, rank: number, held: Piece[], isBase: boolean): void {
+  const q = JSON.stringify(name);
+  if (t.kind !== "global" || t.tiedTo !== null || isBase) {
+    fail("piece-duplicate", `${q} has ${held.length} pieces on rank ${rank}; a rank-local tensor, a tied tensor and the base of a tie have one piece per rank`, "7.2");
+  }
+  if (new Set(held.map((p) => p.file)).size !== held.length) {
+    fail("piece-duplicate", `${q} has two pieces on rank ${rank} in one file`, "7.2");
+  }
+  if (joinDimension(held.map((p) => ({ offset: p.offset as bigint[], shape: p.shape }))) === null) {
+    fail("piece-duplicate", `${q} has ${held.length} pieces on rank ${rank} that cannot be joined along one dimension (rule 7)`, "7.2");
+  }
+}
+
 /** SPEC 7.2 rules 2-4 and 6.5 rule 2 for the pieces of one tensor; 6.1 rule 2. */
-function checkPieces(m: Manifest, name: string, t: Exclude<TensorRecord, { kind: "alias" }>): void {
-  const ranks = new Set<number>();
+function checkPieces(m: Manifest, name: string, t: Exclude<TensorRecord, { kind: "alias" }>, isBase: boolean): void {
+  const ranks = new Map<number, Piece[]>();
   for (const p of t.pieces) {
     if (p.rank >= m.layout.world_size) {
       fail("piece-rank", `a piece of ${JSON.stringify(name)} names rank ${p.rank}; world_size is ${m.layout.world_size}`, "7.2");
@@ -95,8 +115,9 @@ function checkPieces(m: Manifest, name: string, t: Exclude<TensorRecord, { kind:
     if (owner === undefined || !owner.files.some((f) => f.path === p.file)) {
       fail("file-rank", `a piece of ${JSON.stringify(name)} on rank ${p.rank} lies in ${JSON.stringify(p.file)}, which rank ${p.rank} does not own`, "6.1");
     }
-    if (ranks.has(p.rank)) fail("piece-duplicate", `${JSON.stringify(name)} has two pieces on rank ${p.rank}`, "7.2");
-    ranks.add(p.rank);
+    const held = ranks.get(p.rank);
+    if (held === undefined) ranks.set(p.rank, [p]);
+    else held.push(p);
     if (t.kind === "global") {
       const o = p.offset as bigint[];
       const g = t.shape;
@@ -113,6 +134,10 @@ function checkPieces(m: Manifest, name: string, t: Exclude<TensorRecord, { kind:
     if (typeof bytes === "string") {
       fail("st-size", `piece on rank ${p.rank} of ${JSON.stringify(name)} (${t.dtype} ${show(p.shape)}): ${bytes}`, "6.5");
     }
+  }
+  // SPEC 7.2 rule 3, once every piece lies inside its tensor.
+  for (const [rank, held] of [...ranks].sort((a, b) => a[0] - b[0])) {
+    if (held.length > 1) checkSeveral(name, t, rank, held, isBase);
   }
 }
 
@@ -253,6 +278,9 @@ function checkTie(m: Manifest, name: string, t: Extract<TensorRecord, { kind: "g
 export function checkManifest(m: Manifest): void {
   checkPaths(m);
   checkLayout(m);
+  // The bases of ties (8.4 rule 1), which hold one piece per rank (7.2 rule 3).
+  const bases = new Set<string>();
+  for (const t of m.tensors.values()) if (t.kind === "global" && t.tiedTo !== null) bases.add(t.tiedTo.tensor);
   for (const [name, t] of m.tensors) {
     if (t.kind === "alias") continue;
     // SPEC 7.1 rule 4.
@@ -262,7 +290,7 @@ export function checkManifest(m: Manifest): void {
     if (t.logical !== null && !bitsFit(t.logical.dtype, t.logical.shape)) {
       fail("shape-overflow", `${JSON.stringify(name)}: logical shape ${show(t.logical.shape)} has more than MAX_SIZE elements or bits`, "7.1");
     }
-    checkPieces(m, name, t);
+    checkPieces(m, name, t, bases.has(name));
     if (t.kind === "global") checkCoverage(name, t);
   }
   // SPEC 7.6 rule 1.

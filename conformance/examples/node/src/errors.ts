@@ -10,7 +10,7 @@ export const MAX_WORLD_SIZE = 65536;
 export const MAX_SIZE = 9223372036854775807n; // 2^63 - 1
 export const MANIFEST_NAME = "shardspec.json";
 export const SUPPORTED_MAJOR = 1;
-export const SUPPORTED_MINOR = 2;
+export const SUPPORTED_MINOR = 3;
 
 /** An error finding: the reader stops and returns no tensor (SPEC 1.1). */
 export class SpecError extends Error {

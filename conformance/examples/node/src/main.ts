@@ -5,6 +5,7 @@
 import { checkExtensions, checkManifest } from "./checks";
 import { MAX_JSON_DEPTH, SpecError, Warning } from "./errors";
 import { readDataFile, readManifest, realRoot, verifyChecksums, writeAtomically } from "./files";
+import { join, PieceArray } from "./joins";
 import { decodeUtf8, JsonError, parseJson, JValue } from "./json";
 import { parseRank, planRank } from "./plan";
 import { buildSafetensors, checkAgreement, headerLength, OutTensor, parseHeader } from "./safetensors";
@@ -19,7 +20,7 @@ const JSON_CODES: Record<string, string> = {
 };
 const JSON_SECTIONS: Record<string, string> = { encoding: "3.2", syntax: "3.2", duplicate: "3.3", nonfinite: "3.3", depth: "3.4" };
 
-/** SPEC 11.1 steps 1-11, always verifying checksums (the adapter protocol asks for it). */
+/** SPEC 11.1 steps 1-12, always verifying checksums (the adapter protocol asks for it). */
 export function loadRank(dir: string, rankArg: string, ignoreExtensions: ReadonlySet<string>, warnings: Warning[]): OutTensor[] {
   // Steps 1-3: commit, size, parse.
   const bytes = readManifest(dir);
@@ -40,7 +41,7 @@ export function loadRank(dir: string, rankArg: string, ignoreExtensions: Readonl
   const plan = planRank(manifest, rank);
   // Step 9: each file of the rank, in part order.
   const checkpoint = realRoot(dir);
-  const values = new Map<string, OutTensor>();
+  const arrays = new Map<string, { dtype: string; pieces: PieceArray[] }>(); // name -> its pieces on rank r
   for (const { record, pieces } of plan.files) {
     const data = readDataFile(checkpoint, record); // (a), (b)
     const n = headerLength(data.subarray(0, 8), BigInt(data.length), record.path); // (c)
@@ -52,10 +53,18 @@ export function loadRank(dir: string, rankArg: string, ignoreExtensions: Readonl
       const e = byName.get(p.name);
       if (e === undefined) continue; // checked by (d)
       const view = data.subarray(headerEnd + Number(e.begin), headerEnd + Number(e.end));
-      values.set(p.name, { name: p.name, dtype: p.dtype, shape: p.shape, data: view });
+      const held = arrays.get(p.name) ?? { dtype: p.dtype, pieces: [] };
+      held.pieces.push({ offset: p.offset ?? [], shape: p.shape, data: view });
+      arrays.set(p.name, held);
     }
   }
-  // Step 10: aliases share their target's storage.
+  // Step 10: a tensor's value is its piece, or the join of its several pieces (SPEC 7.2 rules 6, 7).
+  const values = new Map<string, OutTensor>();
+  for (const [name, { dtype, pieces }] of arrays) {
+    const value = pieces.length === 1 ? (pieces[0] as PieceArray) : join(pieces);
+    values.set(name, { name, dtype, shape: [...value.shape], data: value.data });
+  }
+  // Step 11: aliases share their target's storage.
   const tensors = [...values.values()];
   for (const [alias, target] of plan.aliases) {
     const t = values.get(target);

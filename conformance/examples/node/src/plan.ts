@@ -1,11 +1,13 @@
-// Rank planning: what rank r reads and returns (SPEC 6.1, 7.2 rule 6, 7.6 rule 3, 11.1 step 8).
+// Rank planning: what rank r reads and returns (SPEC 6.1, 7.2 rules 6-7, 7.6 rule 3, 11.1 step 8).
 // No Node APIs.
 
 import { fail } from "./errors";
 import { FileRecord, Manifest } from "./schema";
 import { Expected } from "./safetensors";
 
-export interface FilePlan { record: FileRecord; pieces: Expected[] }
+/** A piece of rank r: its entry in its file, and its offset (null for a rank-local piece). */
+export interface PlannedPiece extends Expected { offset: bigint[] | null }
+export interface FilePlan { record: FileRecord; pieces: PlannedPiece[] }
 export interface RankPlan {
   rank: number;
   /** The rank's files in part order (SPEC 6.1 rule 1), each with the pieces it holds. */
@@ -25,14 +27,14 @@ export function parseRank(arg: string, worldSize: number): number {
 export function planRank(m: Manifest, rank: number): RankPlan {
   const record = m.ranks[rank];
   if (record === undefined) fail("rank-out-of-range", `rank ${rank} is not in the layout`, "11.1");
-  const byFile = new Map<string, Expected[]>(record.files.map((f) => [f.path, []]));
+  const byFile = new Map<string, PlannedPiece[]>(record.files.map((f) => [f.path, []]));
   const held = new Set<string>();
   for (const [name, t] of m.tensors) {
     if (t.kind === "alias") continue;
     for (const p of t.pieces) {
       if (p.rank !== rank) continue;
       // The file is owned by this rank (checked, SPEC 6.1 rule 2).
-      (byFile.get(p.file) as Expected[]).push({ name, dtype: t.dtype, shape: p.shape });
+      (byFile.get(p.file) as PlannedPiece[]).push({ name, dtype: t.dtype, shape: p.shape, offset: p.offset });
       held.add(name);
     }
   }
@@ -40,5 +42,5 @@ export function planRank(m: Manifest, rank: number): RankPlan {
   for (const [name, t] of m.tensors) {
     if (t.kind === "alias" && held.has(t.aliasOf)) aliases.set(name, t.aliasOf);
   }
-  return { rank, files: record.files.map((f) => ({ record: f, pieces: byFile.get(f.path) as Expected[] })), aliases };
+  return { rank, files: record.files.map((f) => ({ record: f, pieces: byFile.get(f.path) as PlannedPiece[] })), aliases };
 }

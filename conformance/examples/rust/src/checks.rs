@@ -1,9 +1,11 @@
 //! Manifest semantics that the schema cannot express (SPEC 3.5 rule 3; 11.1 step 7):
-//! paths 2.1/2.2, layout 5.1–5.3, files 6.1, tensors 7.1–7.6. Ties (8.4) are in ties.rs.
+//! paths 2.1/2.2, layout 5.1–5.3, files 6.1, tensors 7.1–7.6. Ties (8.4) are in ties.rs,
+//! joining a rank's several pieces (7.2 rule 7) in joins.rs.
 
 use std::collections::{HashMap, HashSet};
 
 use crate::dtype;
+use crate::joins;
 use crate::error::Result;
 use crate::fail;
 use crate::model::*;
@@ -122,8 +124,35 @@ fn check_coverage(t: &Tensor, shape: &[u64], elements: u64) -> Result<()> {
     Ok(())
 }
 
+/// 7.2 rule 3: a rank's several pieces of one tensor. Only a global tensor that is neither
+/// tied nor the base of a tie (8.4 rule 1) may have them, each in a file of its own, and they
+/// must be joinable (7.2 rule 7).
+fn check_several(t: &Tensor, rank: u64, held: &[&Piece], is_base: bool) -> Result<()> {
+    let one_only = match &t.kind {
+        TensorKind::Global { tied_to, .. } => tied_to.is_some() || is_base,
+        _ => true,
+    };
+    if one_only {
+        fail!("piece-duplicate", "tensor {:?}: rank {rank} holds {} pieces of a tensor with one \
+               piece per rank (rank-local, tied, or the base of a tie)", t.name, held.len());
+    }
+    let files: HashSet<&str> = held.iter().map(|p| p.file.as_str()).collect();
+    if files.len() != held.len() {
+        fail!("piece-duplicate", "tensor {:?}: rank {rank} holds two pieces in one file", t.name);
+    }
+    let keys: Vec<(&[u64], &[u64])> = held.iter()
+        .map(|p| (p.offset.as_deref().unwrap(), p.shape.as_slice()))
+        .collect();
+    if joins::join_dimension(&keys).is_none() {
+        fail!("piece-duplicate", "tensor {:?}: rank {rank}'s {} pieces cannot be joined along \
+               one dimension (rule 7)", t.name, held.len());
+    }
+    Ok(())
+}
+
 /// 7.1 rule 4, 7.2 rules 2–4, 7.3, 7.4, 7.5 for one global or rank-local tensor.
-fn check_tensor(m: &Manifest, rank_files: &[HashSet<&str>], t: &Tensor) -> Result<()> {
+fn check_tensor(m: &Manifest, rank_files: &[HashSet<&str>], t: &Tensor, is_base: bool)
+                -> Result<()> {
     let bits = dtype::bits(&t.dtype).expect("schema checked the dtype");
     let global_shape = match &t.kind {
         TensorKind::Global { shape, .. } => Some(shape.as_slice()),
@@ -144,7 +173,7 @@ fn check_tensor(m: &Manifest, rank_files: &[HashSet<&str>], t: &Tensor) -> Resul
                    elements or bits", t.name, l.shape);
         }
     }
-    let mut ranks_seen = HashSet::new();
+    let mut by_rank: HashMap<u64, Vec<&Piece>> = HashMap::new();
     for p in &t.pieces {
         if p.rank >= m.layout.world_size {
             fail!("piece-rank", "tensor {:?}: a piece names rank {}, outside world_size {}",
@@ -158,9 +187,7 @@ fn check_tensor(m: &Manifest, rank_files: &[HashSet<&str>], t: &Tensor) -> Resul
             fail!("file-rank", "tensor {:?}: the piece of rank {} names {:?}, not a file of \
                    that rank", t.name, p.rank, p.file);
         }
-        if !ranks_seen.insert(p.rank) {
-            fail!("piece-duplicate", "tensor {:?}: rank {} holds two pieces", t.name, p.rank);
-        }
+        by_rank.entry(p.rank).or_default().push(p);
         if let Some(g) = global_shape {
             let o = p.offset.as_deref().unwrap();
             let s = &p.shape;
@@ -176,6 +203,13 @@ fn check_tensor(m: &Manifest, rank_files: &[HashSet<&str>], t: &Tensor) -> Resul
                    that is not a multiple of 8 or over MAX_SIZE (SPEC 6.5 rule 2)", t.name,
                   p.rank, p.shape, t.dtype);
         }
+    }
+    // 7.2 rule 3, once every piece lies inside its tensor (in rank order: a stable message)
+    let mut several: Vec<(&u64, &Vec<&Piece>)> = by_rank.iter().filter(|(_, v)| v.len() > 1)
+        .collect();
+    several.sort_by_key(|(r, _)| **r);
+    for (rank, held) in several {
+        check_several(t, *rank, held, is_base)?;
     }
     if let Some(shape) = global_shape {
         if elements > 0 {
@@ -201,9 +235,16 @@ pub fn check_manifest(m: &Manifest) -> Result<()> {
     let rank_files: Vec<HashSet<&str>> = m.ranks.iter()
         .map(|r| r.files.iter().map(|f| f.path.as_str()).collect())
         .collect();
+    // the bases of ties (8.4 rule 1), which hold one piece per rank (7.2 rule 3)
+    let bases: HashSet<&str> = m.tensors.iter()
+        .filter_map(|t| match &t.kind {
+            TensorKind::Global { tied_to: Some(tie), .. } => Some(tie.tensor.as_str()),
+            _ => None,
+        })
+        .collect();
     for t in &m.tensors {
         if !matches!(t.kind, TensorKind::Alias { .. }) {
-            check_tensor(m, &rank_files, t)?;
+            check_tensor(m, &rank_files, t, bases.contains(t.name.as_str()))?;
         }
     }
     // 7.6: an alias names an existing tensor that is not an alias

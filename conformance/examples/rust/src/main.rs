@@ -9,6 +9,7 @@ mod blake2b;
 mod checks;
 mod dtype;
 mod error;
+mod joins;
 mod json;
 mod model;
 mod paths;

@@ -1,4 +1,4 @@
-//! The reader procedure of SPEC 11.1: every check of steps 1–10 before anything is returned.
+//! The reader procedure of SPEC 11.1: every check of steps 1–11 before anything is returned.
 
 use std::collections::HashMap;
 use std::fs;
@@ -12,12 +12,13 @@ use crate::model::{Manifest, TensorKind};
 use crate::safetensors::{self, Entry};
 use crate::blake2b::blake2b_hex;
 use crate::sha256::Sha256;
-use crate::{checks, paths, schema, ties, version};
+use crate::{checks, joins, paths, schema, ties, version};
 
 /// MAX_MANIFEST_BYTES (SPEC 3.4 rule 1, 12).
 pub const MAX_MANIFEST_BYTES: u64 = 268_435_456;
 
-/// A loaded tensor: its bytes are `data[file][begin..end]`.
+/// A loaded tensor: its bytes are `data[file][begin..end]` (for a join, `file` is a buffer
+/// of its own).
 pub struct Loaded {
     pub name: String,
     pub dtype: String,
@@ -27,7 +28,8 @@ pub struct Loaded {
     pub end: usize,
 }
 
-/// What a rank loads: the data files' bytes and the tensors in them, aliases included.
+/// What a rank loads: the data files' bytes (and the joins' buffers) and the tensors in them,
+/// aliases included.
 pub struct Rank {
     pub data: Vec<Vec<u8>>,
     pub tensors: Vec<Loaded>,
@@ -126,8 +128,8 @@ pub fn load_rank(dir: &Path, rank: &str, ignore: &[String], warnings: &mut Vec<F
     }
     // step 9, part by part
     let mut data = Vec::new();
-    let mut loaded = Vec::new();
-    let mut holder: HashMap<&str, usize> = HashMap::new(); // tensor name -> loaded index
+    // tensor index -> its pieces on rank r as (piece index, file index, begin, end)
+    let mut arrays: HashMap<usize, Vec<(usize, usize, usize, usize)>> = HashMap::new();
     for (fi, rec) in m.ranks[r as usize].files.iter().enumerate() {
         let rel = rec.path.as_str();
         // (a) SPEC 2.2 rules 5–7
@@ -185,16 +187,37 @@ pub fn load_rank(dir: &Path, rank: &str, ignore: &[String], warnings: &mut Vec<F
         }
         // (e) each piece's array is its entry's bytes
         for &(ti, pi) in pieces {
-            let t = &m.tensors[ti];
-            let e = entry_of[t.name.as_str()];
-            holder.insert(t.name.as_str(), loaded.len());
-            loaded.push(Loaded { name: t.name.clone(), dtype: t.dtype.clone(),
-                                 shape: t.pieces[pi].shape.clone(), file: fi,
-                                 begin: start + e.begin as usize, end: start + e.end as usize });
+            let e = entry_of[m.tensors[ti].name.as_str()];
+            arrays.entry(ti).or_default()
+                .push((pi, fi, start + e.begin as usize, start + e.end as usize));
         }
         data.push(bytes);
     }
-    // step 10 (SPEC 7.6 rule 3): an alias where its target has a piece on rank r
+    // step 10 (SPEC 7.2 rules 6, 7): a tensor's value is its piece, or the join of its pieces
+    let mut loaded = Vec::new();
+    let mut holder: HashMap<&str, usize> = HashMap::new(); // tensor name -> loaded index
+    let mut held: Vec<_> = arrays.into_iter().collect();
+    held.sort_unstable_by_key(|(ti, _)| *ti);
+    for (ti, parts) in held {
+        let t = &m.tensors[ti];
+        holder.insert(t.name.as_str(), loaded.len());
+        if let [(pi, fi, begin, end)] = parts[..] {
+            loaded.push(Loaded { name: t.name.clone(), dtype: t.dtype.clone(),
+                                 shape: t.pieces[pi].shape.clone(), file: fi, begin, end });
+            continue;
+        }
+        let pieces: Vec<(&[u64], &[u64], &[u8])> = parts.iter()
+            .map(|&(pi, fi, begin, end)| {
+                let p = &t.pieces[pi];
+                (p.offset.as_deref().unwrap(), p.shape.as_slice(), &data[fi][begin..end])
+            })
+            .collect();
+        let (shape, bytes) = joins::join(&pieces);
+        loaded.push(Loaded { name: t.name.clone(), dtype: t.dtype.clone(), shape,
+                             file: data.len(), begin: 0, end: bytes.len() });
+        data.push(bytes);
+    }
+    // step 11 (SPEC 7.6 rule 3): an alias where its target has a piece on rank r
     for t in &m.tensors {
         if let TensorKind::Alias { target } = &t.kind {
             if let Some(&i) = holder.get(target.as_str()) {

@@ -6,7 +6,7 @@ use crate::json::Value;
 
 /// The version this reader implements (SPEC 4.1).
 pub const SUPPORTED_MAJOR: u64 = 1;
-pub const SUPPORTED_MINOR: u64 = 2;
+pub const SUPPORTED_MINOR: u64 = 3;
 
 /// MAJOR.MINOR: decimal integers of at most 6 digits without leading zeros (SPEC 4.1 rule 1).
 pub fn parse_version(s: &str) -> Option<(u64, u64)> {

@@ -13,7 +13,7 @@ import shardspec
 from shardspec import Layout, Logical, Quantization, Shard, Tie
 
 from .checkpoints import Ckpt, saved, saved_whole
-from .raw import random_bytes, values
+from .raw import f4, random_bytes, values
 
 W = "model-rank-{}-part-0.safetensors"
 
@@ -376,4 +376,16 @@ def several_columns() -> Ckpt:
                      torch.cat([weight[:, a:a + n] for a, n in runs], dim=1)}
         sharding[r] = {"model.layers.0.mlp.down_proj.weight":
                        [Shard((2, 8), (0, a), shape=(2, n)) for a, n in runs]}
+    return saved(states, Layout(tp_size=2), sharding=sharding)
+
+
+def several_f4_columns() -> Ckpt:
+    """F4 [2, 8] in column runs of 2 elements (one byte a row): rank 0 columns 0..2 and 4..6."""
+    weight = f4((2, 8), 163)  # torch's shape counts bytes: [2, 4]
+    states, sharding = {}, {}
+    for r, starts in enumerate([(0, 4), (2, 6)]):
+        states[r] = {"model.layers.0.mlp.experts.down_proj_blocks":
+                     torch.cat([weight[:, a // 2:a // 2 + 1] for a in starts], dim=1)}
+        sharding[r] = {"model.layers.0.mlp.experts.down_proj_blocks":
+                       [Shard((2, 8), (0, a), shape=(2, 2)) for a in starts]}
     return saved(states, Layout(tp_size=2), sharding=sharding)

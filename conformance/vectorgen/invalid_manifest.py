@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Any
 
 import torch
 
@@ -375,6 +376,33 @@ def invalid_manifest_vectors() -> list[Vector]:
         "opposite 2 x 2 corners of an F32 [4, 4], in two files. The pieces cover the tensor "
         "once, but their offsets differ in both dimensions: they have no join (7.2 rule 7).",
         ck)
+    half = {f"r{r}-{k}.safetensors": (r, [("w", "F4", (2, 1), random_bytes(1, 171 + 2 * r + k))])
+            for r in range(2) for k in range(2)}
+    ck = handmade(Layout(tp_size=2), half, {"w": {"dtype": "F4", "shape": [2, 4], "pieces": [
+        {"rank": r, "file": f"r{r}-{k}.safetensors", "offset": [0, r + 2 * k], "shape": [2, 1]}
+        for r in range(2) for k in range(2)]}})
+    ck.m["format_version"] = "1.3"
+    add("piece-duplicate", "sub-byte-half-byte-runs", "Format 1.3: F4 [2, 4] where each rank "
+        "holds two one-column pieces (columns r and r + 2). Each piece is one whole byte, but "
+        "its run of a row is one 4-bit element: the join would split bytes, and pieces of a "
+        "sub-byte dtype join only in runs of whole bytes (7.2 rule 7).", ck)
+    weights = values((4, 4), torch.float32, 172)
+    scales = values((4, 1), torch.float32, 173)
+    tied = {f"r{r}-{k}.safetensors": (r, [
+        ("w", "F32", (1, 4), raw(weights[r + 2 * k:r + 2 * k + 1])),
+        ("w_scale", "F32", (1, 1), raw(scales[r + 2 * k:r + 2 * k + 1]))])
+        for r in range(2) for k in range(2)}
+    records: dict[str, Any] = {name: {"dtype": "F32", "shape": [4, width], "pieces": [
+        {"rank": r, "file": f"r{r}-{k}.safetensors", "offset": [r + 2 * k, 0],
+         "shape": [1, width]} for r in range(2) for k in range(2)]}
+        for name, width in (("w", 4), ("w_scale", 1))}
+    records["w_scale"]["tied_to"] = {"tensor": "w", "block": [1], "axes": [0]}
+    ck = handmade(Layout(tp_size=2), tied, records)
+    ck.m["format_version"] = "1.3"
+    add("piece-duplicate", "tied-and-base-several", "Format 1.3: a weight cut in two parts "
+        "per rank (rows r and r + 2) and its per-row scale tied to it, cut alike. The pieces "
+        "would join, but a tied tensor and its base keep one piece per rank (7.2 rule 3, 8.4 "
+        "rule 1).", ck)
     ck = gate_up.clone()
     for piece in ck.m["tensors"][GATE_UP]["pieces"]:
         del piece["offset"]

@@ -27,6 +27,7 @@ from .bases import (
     base_tp2,
     nested,
     several_columns,
+    several_f4_columns,
     several_gate_up,
     several_qkv,
 )
@@ -215,6 +216,12 @@ def valid_vectors() -> list[Vector]:
         "column runs of different widths: rank 0 holds columns 0..1 and 4..7, rank 1 "
         "columns 1..4 and 7..8. A join along dimension 1 interleaves the pieces' rows: rank 0 "
         "gets [2, 4], rank 1 [2, 4].", several_columns())
+
+    add("several-pieces-f4-whole-byte-runs", "7.2", "Format 1.3: F4 [2, 8] joined along its "
+        "last dimension: rank 0 holds columns 0..2 and 4..6, rank 1 columns 2..4 and 6..8. "
+        "Each piece's run of a row is 2 elements, one whole byte, so the join lays bytes one "
+        "after the other: rank 0 gets [2, 4], its row bytes alternating between its pieces.",
+        several_f4_columns())
 
     add("fp8-quantized", "8.2", "FP8 (method 'fp8'): F8_E4M3 weights carrying their logical "
         "BF16 dtype and shape, a per-channel F32 weight_scale split like its weight, per-tensor "

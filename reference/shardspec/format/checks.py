@@ -134,7 +134,7 @@ def check_several_per_rank(name: str, record: TensorRecord, is_tie_base: bool
         elif record.tied_to is not None or is_tie_base:
             why = "a tied tensor and its base have one piece per rank (SPEC 8.4)"
         else:
-            join = join_of(held)
+            join = join_of(held, DTYPES[record.dtype].bits)
             if not isinstance(join, str):
                 continue
             why = f"they cannot be joined: {join}"

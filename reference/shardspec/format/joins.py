@@ -7,6 +7,7 @@ laid one after the other along the one dimension in which their offsets differ.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from .manifest import Piece
@@ -27,8 +28,9 @@ class Join:
         self.shape = tuple(shape)
 
 
-def join_of(pieces: Sequence[Piece]) -> Join | str:
-    """The join of one rank's pieces of a global tensor (two or more), or why there is none."""
+def join_of(pieces: Sequence[Piece], bits: int = 8) -> Join | str:
+    """The join of one rank's pieces of a global tensor (two or more) of a dtype of ``bits``
+    bits, or why there is none."""
     files = [p.file for p in pieces]
     if len(set(files)) != len(files):
         return "two of them lie in one file (a file holds one entry of a name)"
@@ -51,6 +53,9 @@ def join_of(pieces: Sequence[Piece]) -> Join | str:
         start_a, start_b = a.offset[dim], b.offset[dim]  # type: ignore[index]
         if start_a == start_b or start_a + a.shape[dim] > start_b:
             return f"they overlap along dimension {dim}"
+    if bits < 8 and any(math.prod(p.shape[dim:]) * bits % 8 for p in ordered):
+        return (f"a piece's run along dimension {dim} does not fill whole bytes of its "
+                f"{bits}-bit elements (SPEC 6.5)")
     return Join(dim, ordered)
 
 

@@ -15,15 +15,17 @@ Each data file's data region becomes one buffer and its tensors are views of it:
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..format.dtypes import torch_layout
+from ..format.dtypes import DTYPES, DType, torch_layout
 from ..format.errors import Finding, IntegrityError, SafetensorsError
 from ..format.integrity import Digests, Readable, check_digests
+from ..format.joins import Join
 from ..format.safetensors_header import Entry, read_header
 from ..storage.paths import open_inside
 from ..storage.remote import RemoteRoot
@@ -96,10 +98,24 @@ def execute_plan(
             _gather(_load_file(root, file_plan, device, engine, verify, mmap), file_plan, plan,
                     tensors, pieces)
     for name, join in plan.joins.items():  # SPEC 7.2 rule 7, 11.1 step 10
-        tensors[name] = torch.cat([pieces[p.file][name] for p in join.pieces], dim=join.dim)
+        tensors[name] = _join([pieces[p.file][name] for p in join.pieces], join,
+                              DTYPES[plan.dtype_of(name)])
     for alias, target in plan.aliases.items():
         tensors[alias] = tensors[target]
     return tensors
+
+
+def _join(parts: list[torch.Tensor], join: Join, dtype: DType) -> torch.Tensor:
+    """The pieces one after the other along the join's dimension. A sub-byte dtype's torch
+    shape need not follow its element shape (F6, odd widths: flat bytes), so those are joined
+    as bytes: each piece's run at each index before the dimension is whole bytes (SPEC 7.2
+    rule 7)."""
+    if dtype.bits >= 8:
+        return torch.cat(parts, dim=join.dim)
+    outer = math.prod(join.shape[:join.dim])
+    rows = [p.contiguous().reshape(-1).view(torch.uint8).reshape(outer, -1) for p in parts]
+    torch_dtype, shape = torch_layout(dtype, join.shape)
+    return torch.cat(rows, dim=1).reshape(-1).view(torch_dtype).reshape(shape)
 
 
 def _gather(read: dict[str, torch.Tensor], file_plan: FilePlan, plan: RankPlan,

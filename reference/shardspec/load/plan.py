@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from ..format.dtypes import DTYPES
 from ..format.errors import Finding, raise_first_error
 from ..format.joins import Join, join_of, several_per_rank
 from ..format.manifest import Alias, FileRecord, Manifest, TensorRecord
@@ -60,6 +61,10 @@ class RankPlan:
     aliases: dict[str, str]
     joins: dict[str, Join]
 
+    def dtype_of(self, name: str) -> str:
+        """The spec dtype of a tensor the rank reads."""
+        return next(f.expected[name][0] for f in self.files if name in f.expected)
+
     @property
     def total_bytes(self) -> int:
         return sum(f.record.size for f in self.files)
@@ -89,7 +94,7 @@ def plan_ranks(manifest: Manifest, ranks: Iterable[int]) -> list[RankPlan]:
                 files[piece.file][name] = (record.dtype, piece.shape)
                 held[piece.rank].add(name)
         for rank, pieces in several_per_rank(record.pieces).items():
-            join = join_of(pieces)  # the checked manifest allows only joinable ones
+            join = join_of(pieces, DTYPES[record.dtype].bits)  # a checked manifest's join
             if rank in joins and isinstance(join, Join):
                 joins[rank][name] = join
     aliases = [(name, record.alias_of) for name, record in manifest.tensors.items()

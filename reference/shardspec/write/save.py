@@ -42,7 +42,7 @@ from ..storage.location import Location, PathOrURL, locate
 from ..storage.remote import RemoteRoot
 from ..storage.remote_write import upload_file, write_object
 from .directory import claim_directory, commit_checkpoint, prepare_directory
-from .shards import Shard, file_entries, shards_of
+from .shards import Shard, file_entries, piece_of_value, shards_of
 
 __all__ = [
     "FILE_NAMES",
@@ -395,8 +395,9 @@ def write_rank(
     root: Location, rank: int, state: StateDict, draft: Manifest
 ) -> list[FileRecord]:
     """Write ``rank``'s data files as ``draft`` places them; return their real records."""
-    return [write_data_file(root, path, {n: state[n] if cut is None else
-                                         state[n].narrow(*cut) for n, cut in entries})
+    dtype_of = {name: r.dtype for name, r in draft.tensors.items() if isinstance(r, TensorRecord)}
+    return [write_data_file(root, path, {n: piece_of_value(state[n], dtype_of[n], cut)
+                                         for n, cut in entries})
             for path, entries in file_entries(draft, rank).items()]
 
 

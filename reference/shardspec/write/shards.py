@@ -7,13 +7,17 @@ and one Shard per piece; each piece is then a narrow of the value, written in a 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
+
+from ..format.dtypes import DTYPES, torch_layout
 from ..format.joins import Join, join_of
 from ..format.manifest import Manifest, Piece, TensorRecord
 
-__all__ = ["Cut", "Shard", "file_entries", "shards_of"]
+__all__ = ["Cut", "Shard", "file_entries", "piece_of_value", "shards_of"]
 
 
 @dataclass(frozen=True)
@@ -31,9 +35,26 @@ class Shard:
     shape: tuple[int, ...] | None = None
 
 
-#: The piece a file holds of a rank's value: (dimension, start, length) to narrow the value by,
-#: or None for the whole value.
-Cut = tuple[int, int, int] | None
+#: The piece a file holds of a rank's value: (dimension, start, length, the value's shape in
+#: elements) to narrow the value by, or None for the whole value.
+Cut = tuple[int, int, int, tuple[int, ...]] | None
+
+
+def piece_of_value(value: torch.Tensor, dtype: str, cut: Cut) -> torch.Tensor:
+    """The piece ``cut`` names of a rank's ``value`` (``cut`` None: the value itself). A
+    sub-byte dtype is cut as bytes: each run of the piece is whole bytes (SPEC 7.2 rule 7), but
+    torch's shape of such a tensor need not follow its elements (F6 is flat bytes)."""
+    if cut is None:
+        return value
+    dim, start, length, shape = cut
+    spec = DTYPES[dtype]
+    if spec.bits >= 8:
+        return value.narrow(dim, start, length)
+    inner = math.prod(shape[dim + 1:]) * spec.bits
+    rows = value.contiguous().reshape(-1).view(torch.uint8).reshape(math.prod(shape[:dim]), -1)
+    piece = rows[:, start * inner // 8:(start + length) * inner // 8]
+    torch_dtype, torch_shape = torch_layout(spec, (*shape[:dim], length, *shape[dim + 1:]))
+    return piece.contiguous().reshape(-1).view(torch_dtype).reshape(torch_shape)
 
 
 def shards_of(name: str, rank: int, given: Shard | Sequence[Shard], shape: tuple[int, ...]
@@ -72,11 +93,11 @@ def file_entries(draft: Manifest, rank: int) -> dict[str, list[tuple[str, Cut]]]
         if len(mine) == 1:
             entries[mine[0].file].append((name, None))
         elif mine:
-            join = join_of(mine)
+            join = join_of(mine, DTYPES[record.dtype].bits)
             assert isinstance(join, Join)  # the draft was checked
             start = 0
             for piece in join.pieces:
                 length = piece.shape[join.dim]
-                entries[piece.file].append((name, (join.dim, start, length)))
+                entries[piece.file].append((name, (join.dim, start, length, join.shape)))
                 start += length
     return entries

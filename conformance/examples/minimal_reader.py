@@ -569,10 +569,12 @@ def check_coverage(name: str, shape: list[int], pieces: list[dict[str, Any]]) ->
         fail("coverage-gap", f"tensor {name!r}: pieces cover {covered} of {total} elements")
 
 
-def join_dimension(pieces: list[dict[str, Any]]) -> int | None:
+def join_dimension(pieces: list[dict[str, Any]], dtype: str) -> int | None:
     """7.2 rule 7: the dimension d along which k >= 2 pieces of one rank are joinable, else
-    None: offsets and sizes equal in every other dimension, offsets distinct along d and, in
-    increasing order, each piece ending no later than the next begins. A scalar never joins."""
+    None: offsets and sizes equal in every other dimension, offsets pairwise distinct along d
+    (a piece of size 0 along d too) and, in increasing order, each piece ending no later than
+    the next begins; for a dtype of fewer than 8 bits, each piece's run (its elements from
+    dimension d on) a whole number of bytes. A scalar never joins."""
     first, n = pieces[0], len(pieces[0]["offset"])
     differ = [d for d in range(n) if any(p["offset"][d] != first["offset"][d] for p in pieces)]
     if len(differ) != 1:
@@ -583,6 +585,8 @@ def join_dimension(pieces: list[dict[str, Any]]) -> int | None:
     runs = sorted((p["offset"][d], p["shape"][d]) for p in pieces)
     if any(o1 == o2 or o1 + s1 > o2 for (o1, s1), (o2, _) in zip(runs, runs[1:], strict=False)):
         return None
+    if any(math.prod(p["shape"][d:]) * DTYPE_BITS[dtype] % 8 for p in pieces):
+        return None  # a sub-byte run that ends inside a byte
     return d
 
 
@@ -596,7 +600,7 @@ def check_several(name: str, record: dict[str, Any], held: list[dict[str, Any]],
              "tensor that has one per rank (rank-local, tied, or the base of a tie)")
     if len({p["file"] for p in held}) != len(held):
         fail("piece-duplicate", f"tensor {name!r}: rank {rank} holds two pieces in one file")
-    if join_dimension(held) is None:
+    if join_dimension(held, record["dtype"]) is None:
         fail("piece-duplicate", f"tensor {name!r}: rank {rank}'s {len(held)} pieces cannot "
              "be joined along one dimension (7.2 rule 7)")
 
@@ -795,7 +799,8 @@ def join(pieces: list[tuple[list[int], Tensor]]) -> Tensor:
     """A rank's value of a tensor: its one piece, or the join of its several pieces (checked
     joinable by check_several): one after the other along the one dimension d where their
     offsets differ, in increasing offset. In row-major order that is, for each index of the
-    dimensions before d, each piece's block of rows in turn."""
+    dimensions before d, each piece's run (its block of rows) in turn. Every run is whole
+    bytes, for sub-byte dtypes too (7.2 rule 7), so the join lays bytes one after the other."""
     if len(pieces) == 1:
         return pieces[0][1]
     pieces = sorted(pieces, key=lambda p: p[0])  # offsets differ only along d
@@ -806,18 +811,10 @@ def join(pieces: list[tuple[list[int], Tensor]]) -> Tensor:
     outer = element_count(shape[:d]) or 0
     if not outer:  # no element at all
         return Tensor(dtype, tuple(shape), b"")
-    bits = DTYPE_BITS[dtype]
-    if bits % 8 == 0:  # whole bytes: cut each piece into its `outer` blocks
-        blocks = [[t.data[i * len(t.data) // outer:(i + 1) * len(t.data) // outer]
-                   for i in range(outer)] for _, t in pieces]
-        return Tensor(dtype, tuple(shape), b"".join(b for row in zip(*blocks, strict=True)
-                                                    for b in row))
-    # Sub-byte dtypes (6.5 rule 3): a block may end inside a byte, so join the bit streams,
-    # each written as text, stream bit k at index k, and pack the result again.
-    streams = ["".join(f"{byte:08b}"[::-1] for byte in t.data) for _, t in pieces]
-    out = "".join(s[i * len(s) // outer:(i + 1) * len(s) // outer]
-                  for i in range(outer) for s in streams)
-    return Tensor(dtype, tuple(shape), int(out[::-1] or "0", 2).to_bytes(len(out) // 8, "little"))
+    runs = [[t.data[i * len(t.data) // outer:(i + 1) * len(t.data) // outer]
+             for i in range(outer)] for _, t in pieces]
+    return Tensor(dtype, tuple(shape), b"".join(b for row in zip(*runs, strict=True)
+                                                for b in row))
 
 
 # --- 11.1 The reader procedure ---------------------------------------------------------------

@@ -3,7 +3,7 @@
 // replicas (7.4), aliases (7.6) and tied tensors (8.4): steps 6 and 7 of the reader procedure
 // (11.1). No Node APIs.
 
-import { bitsFit, byteCount } from "./dtypes";
+import { bitsFit, byteCount, DTYPE_BITS } from "./dtypes";
 import { fail, MANIFEST_NAME, MAX_PATH_BYTES, product, show, utf8Length, Warning } from "./errors";
 import { joinDimension } from "./joins";
 import { Manifest, Piece, TensorRecord } from "./schema";
@@ -89,7 +89,7 @@ function sameDims(a: readonly bigint[] | null, b: readonly bigint[] | null): boo
 /**
  * SPEC 7.2 rule 3: a rank's several pieces of one tensor. Only a global tensor that is neither
  * tied nor the base of a tie (8.4 rule 1) may have them, each in a file of its own, and they
- * must be joinable (7.2 rule 7).
+ * must be joinable (7.2 rule 7; for a sub-byte dtype, in runs of whole bytes).
  */
 function checkSeveral(name: string, t: Exclude<TensorRecord, { kind: "alias" }>, rank: number, held: Piece[], isBase: boolean): void {
   const q = JSON.stringify(name);
@@ -99,7 +99,8 @@ function checkSeveral(name: string, t: Exclude<TensorRecord, { kind: "alias" }>,
   if (new Set(held.map((p) => p.file)).size !== held.length) {
     fail("piece-duplicate", `${q} has two pieces on rank ${rank} in one file`, "7.2");
   }
-  if (joinDimension(held.map((p) => ({ offset: p.offset as bigint[], shape: p.shape }))) === null) {
+  const bits = DTYPE_BITS.get(t.dtype) as bigint; // the schema checked the dtype
+  if (joinDimension(held.map((p) => ({ offset: p.offset as bigint[], shape: p.shape })), bits) === null) {
     fail("piece-duplicate", `${q} has ${held.length} pieces on rank ${rank} that cannot be joined along one dimension (rule 7)`, "7.2");
   }
 }

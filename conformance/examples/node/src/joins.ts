@@ -5,12 +5,14 @@ export interface Box { offset: readonly bigint[]; shape: readonly bigint[] }
 export interface PieceArray extends Box { data: Uint8Array }
 
 /**
- * SPEC 7.2 rule 7: the dimension d along which k >= 2 pieces of one rank are joinable, or null.
- * They must have the same offset and size in every dimension other than d, distinct offsets
- * along d and, in increasing offset along d, each must end no later than the next begins.
- * A scalar (no dimension) never joins.
+ * SPEC 7.2 rule 7: the dimension d along which k >= 2 pieces of one rank, of a dtype of `bits`
+ * bits per element, are joinable, or null. They must have the same offset and size in every
+ * dimension other than d, pairwise distinct offsets along d (a piece of size 0 along d included)
+ * and, in increasing offset along d, each must end no later than the next begins. For a dtype of
+ * fewer than 8 bits (SPEC 6.5), each piece's run `s[d] × … × s[n−1]` elements must also be whole
+ * bytes. A scalar (no dimension) never joins.
  */
-export function joinDimension(pieces: readonly Box[]): number | null {
+export function joinDimension(pieces: readonly Box[], bits: bigint): number | null {
   const first = pieces[0];
   if (first === undefined) return null;
   const n = first.offset.length;
@@ -28,50 +30,41 @@ export function joinDimension(pieces: readonly Box[]): number | null {
     const [o2] = runs[i] as readonly [bigint, bigint];
     if (o1 === o2 || o1 + s1 > o2) return null;
   }
+  for (const p of pieces) {
+    const run = p.shape.slice(d).reduce((a, b) => a * b, 1n); // a bigint: no overflow
+    if ((run * bits) % 8n !== 0n) return null; // a sub-byte run that ends inside a byte
+  }
   return d;
-}
-
-/** Copy `n` bits of the bit stream `src` (SPEC 6.5 rule 3) from bit `from` to bit `to` of `dst`. */
-function copyBits(src: Uint8Array, from: number, dst: Uint8Array, to: number, n: number): void {
-  if (from % 8 === 0 && to % 8 === 0 && n % 8 === 0) {
-    dst.set(src.subarray(from / 8, (from + n) / 8), to / 8);
-    return;
-  }
-  for (let k = 0; k < n; k++) {
-    const s = from + k;
-    const t = to + k;
-    const bit = ((src[s >> 3] as number) >> (s & 7)) & 1;
-    dst[t >> 3] = (dst[t >> 3] as number) | (bit << (t & 7));
-  }
 }
 
 /**
  * The join of joinable pieces (SPEC 7.2 rule 7): its shape and bytes. Along the join dimension d
- * the pieces follow one another in increasing offset; in row-major order that is, for each index
- * of the dimensions before d, each piece's block of that index in turn. A block of a sub-byte
- * dtype (SPEC 6.5) may end inside a byte, so blocks are copied as bit strings.
+ * (where their offsets differ) the pieces follow one another in increasing offset; in row-major
+ * order that is, for each index of the dimensions before d, each piece's run of that index in
+ * turn. Every run is whole bytes, for a sub-byte dtype too (the manifest checks refused any
+ * other), so the runs' bytes are laid one after the other.
  */
 export function join(pieces: readonly PieceArray[]): { shape: bigint[]; data: Uint8Array } {
-  const d = joinDimension(pieces);
-  if (d === null) throw new Error("the manifest checks made these pieces joinable");
+  const first = pieces[0] as PieceArray;
+  const d = first.offset.findIndex((o, e) => pieces.some((p) => p.offset[e] !== o));
+  if (d < 0) throw new Error("the manifest checks made these pieces joinable");
   const order = [...pieces].sort((a, b) => {
     const x = a.offset[d] as bigint;
     const y = b.offset[d] as bigint;
     return x < y ? -1 : x > y ? 1 : 0;
   });
-  const shape = [...(order[0] as PieceArray).shape];
+  const shape = [...first.shape];
   shape[d] = order.reduce((sum, p) => sum + (p.shape[d] as bigint), 0n);
   const outer = Number(shape.slice(0, d).reduce((a, b) => a * b, 1n));
   const data = new Uint8Array(order.reduce((sum, p) => sum + p.data.length, 0));
   if (outer === 0 || data.length === 0) return { shape, data };
-  const blockBits = order.map((p) => (p.data.length * 8) / outer); // each piece: `outer` blocks
   let at = 0;
   for (let i = 0; i < outer; i++) {
-    order.forEach((p, j) => {
-      const n = blockBits[j] as number;
-      copyBits(p.data, i * n, data, at, n);
-      at += n;
-    });
+    for (const p of order) {
+      const run = p.data.length / outer; // each piece: `outer` runs of whole bytes
+      data.set(p.data.subarray(i * run, (i + 1) * run), at);
+      at += run;
+    }
   }
   return { shape, data };
 }

@@ -126,7 +126,7 @@ fn check_coverage(t: &Tensor, shape: &[u64], elements: u64) -> Result<()> {
 
 /// 7.2 rule 3: a rank's several pieces of one tensor. Only a global tensor that is neither
 /// tied nor the base of a tie (8.4 rule 1) may have them, each in a file of its own, and they
-/// must be joinable (7.2 rule 7).
+/// must be joinable (7.2 rule 7; for a sub-byte dtype, in runs of whole bytes).
 fn check_several(t: &Tensor, rank: u64, held: &[&Piece], is_base: bool) -> Result<()> {
     let one_only = match &t.kind {
         TensorKind::Global { tied_to, .. } => tied_to.is_some() || is_base,
@@ -143,7 +143,8 @@ fn check_several(t: &Tensor, rank: u64, held: &[&Piece], is_base: bool) -> Resul
     let keys: Vec<(&[u64], &[u64])> = held.iter()
         .map(|p| (p.offset.as_deref().unwrap(), p.shape.as_slice()))
         .collect();
-    if joins::join_dimension(&keys).is_none() {
+    let bits = dtype::bits(&t.dtype).expect("schema checked the dtype");
+    if joins::join_dimension(&keys, bits).is_none() {
         fail!("piece-duplicate", "tensor {:?}: rank {rank}'s {} pieces cannot be joined along \
                one dimension (rule 7)", t.name, held.len());
     }

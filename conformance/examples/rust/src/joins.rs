@@ -1,11 +1,13 @@
 //! Several pieces of one global tensor on one rank (SPEC 7.2 rules 3, 6, 7; since format 1.3):
 //! when they are joinable, and their join.
 
-/// SPEC 7.2 rule 7: the dimension d along which k ≥ 2 pieces `(offset, shape)` of one rank
-/// are joinable, or None. They must have the same offset and size in every dimension other
-/// than d, distinct offsets along d and, in increasing offset along d, each must end no later
-/// than the next begins. A scalar (no dimension) never joins.
-pub fn join_dimension(pieces: &[(&[u64], &[u64])]) -> Option<usize> {
+/// SPEC 7.2 rule 7: the dimension d along which k ≥ 2 pieces `(offset, shape)` of one rank,
+/// of a dtype of `bits` bits per element, are joinable, or None. They must have the same offset
+/// and size in every dimension other than d, pairwise distinct offsets along d (a piece of size
+/// 0 along d included) and, in increasing offset along d, each must end no later than the next
+/// begins. For a dtype of fewer than 8 bits (SPEC 6.5), each piece's run `s[d] × … × s[n−1]`
+/// elements must also be whole bytes. A scalar (no dimension) never joins.
+pub fn join_dimension(pieces: &[(&[u64], &[u64])], bits: u64) -> Option<usize> {
     let (o0, s0) = *pieces.first()?;
     let n = o0.len();
     let differ: Vec<usize> = (0..n).filter(|&d| pieces.iter().any(|(o, _)| o[d] != o0[d]))
@@ -19,53 +21,41 @@ pub fn join_dimension(pieces: &[(&[u64], &[u64])]) -> Option<usize> {
     runs.sort_unstable();
     // offsets are at most MAX_SIZE and sizes too (bounds were checked), so no u64 overflow
     let apart = runs.windows(2).all(|w| w[0].0 != w[1].0 && w[0].0 + w[0].1 <= w[1].0);
-    apart.then_some(d)
+    // a run's bit count modulo 8, taken factor by factor: the product itself may pass u64
+    // where an earlier dimension is 0 (`[0, 2^62, 4]`)
+    let whole_bytes = pieces.iter().all(|(_, s)| {
+        s[d..].iter().fold(bits % 8, |acc, &x| acc * (x % 8) % 8) == 0
+    });
+    (apart && whole_bytes).then_some(d)
 }
 
 /// The join (SPEC 7.2 rule 7) of joinable pieces `(offset, shape, bytes)`: its shape and its
-/// bytes. Along the join dimension d the pieces follow one another
-/// in increasing offset; in row-major order that is, for each index of the dimensions before
-/// d, each piece's block of that index in turn. A block of a sub-byte dtype (SPEC 6.5) may
-/// end inside a byte, so blocks are copied as bit strings.
+/// bytes. Along the join dimension d (where their offsets differ) the pieces follow one
+/// another in increasing offset; in row-major order that is, for each index of the dimensions
+/// before d, each piece's run of that index in turn. Every run is whole bytes, for a sub-byte
+/// dtype too (the manifest checks refused any other), so the runs' bytes are laid one after
+/// the other.
 pub fn join(pieces: &[(&[u64], &[u64], &[u8])]) -> (Vec<u64>, Vec<u8>) {
-    let keys: Vec<(&[u64], &[u64])> = pieces.iter().map(|(o, s, _)| (*o, *s)).collect();
-    let d = join_dimension(&keys).expect("the manifest checks made the pieces joinable");
+    let o0 = pieces[0].0;
+    let d = (0..o0.len()).find(|&e| pieces.iter().any(|(o, _, _)| o[e] != o0[e]))
+        .expect("the manifest checks made the pieces joinable");
     let mut order: Vec<&(&[u64], &[u64], &[u8])> = pieces.iter().collect();
     order.sort_by_key(|(o, _, _)| o[d]);
     let mut shape = order[0].1.to_vec();
     shape[d] = order.iter().map(|(_, s, _)| s[d]).sum();
-    let outer: u64 = shape[..d].iter().product();
-    let total_bits: u64 = order.iter().map(|(_, _, b)| b.len() as u64 * 8).sum();
-    let mut out = vec![0u8; (total_bits / 8) as usize];
-    if outer == 0 || total_bits == 0 {
+    let outer = shape[..d].iter().product::<u64>() as usize;
+    let mut out = Vec::with_capacity(order.iter().map(|(_, _, b)| b.len()).sum());
+    if outer == 0 {
         return (shape, out);
     }
-    // each piece holds `outer` blocks of equal length (its bit count over `outer`)
-    let block_bits: Vec<u64> = order.iter().map(|(_, _, b)| b.len() as u64 * 8 / outer).collect();
-    let mut at = 0u64; // bit position in `out`
+    // each piece holds `outer` runs of equal length: its byte count over `outer`
     for i in 0..outer {
-        for (p, (_, _, bytes)) in order.iter().enumerate() {
-            let n = block_bits[p];
-            copy_bits(bytes, i * n, &mut out, at, n);
-            at += n;
+        for (_, _, bytes) in &order {
+            let run = bytes.len() / outer;
+            out.extend_from_slice(&bytes[i * run..(i + 1) * run]);
         }
     }
     (shape, out)
-}
-
-/// Copy `n` bits of the bit stream `src` (SPEC 6.5 rule 3: stream bit k is bit k mod 8 of
-/// byte k div 8) from bit `from` to bit `to` of `dst`.
-fn copy_bits(src: &[u8], from: u64, dst: &mut [u8], to: u64, n: u64) {
-    if from % 8 == 0 && to % 8 == 0 && n % 8 == 0 {
-        let (f, t, len) = ((from / 8) as usize, (to / 8) as usize, (n / 8) as usize);
-        dst[t..t + len].copy_from_slice(&src[f..f + len]);
-        return;
-    }
-    for k in 0..n {
-        let (s, t) = (from + k, to + k);
-        let bit = (src[(s / 8) as usize] >> (s % 8)) & 1;
-        dst[(t / 8) as usize] |= bit << (t % 8);
-    }
 }
 
 #[cfg(test)]
@@ -75,19 +65,38 @@ mod tests {
     #[test]
     fn joinable() {
         let rows: [(&[u64], &[u64]); 2] = [(&[4, 0], &[2, 4]), (&[0, 0], &[2, 4])];
-        assert_eq!(join_dimension(&rows), Some(0));
+        assert_eq!(join_dimension(&rows, 32), Some(0));
         let corners: [(&[u64], &[u64]); 2] = [(&[0, 0], &[2, 2]), (&[2, 2], &[2, 2])];
-        assert_eq!(join_dimension(&corners), None); // offsets differ in two dimensions
+        assert_eq!(join_dimension(&corners, 32), None); // offsets differ in two dimensions
         let sizes: [(&[u64], &[u64]); 2] = [(&[0, 0], &[2, 4]), (&[2, 0], &[2, 3])];
-        assert_eq!(join_dimension(&sizes), None); // sizes differ outside d
+        assert_eq!(join_dimension(&sizes, 32), None); // sizes differ outside d
         let same: [(&[u64], &[u64]); 2] = [(&[0], &[4]), (&[0], &[4])];
-        assert_eq!(join_dimension(&same), None); // offsets differ nowhere
+        assert_eq!(join_dimension(&same, 32), None); // offsets differ nowhere
         let over: [(&[u64], &[u64]); 2] = [(&[0], &[3]), (&[2], &[2])];
-        assert_eq!(join_dimension(&over), None); // overlap along d
+        assert_eq!(join_dimension(&over, 32), None); // overlap along d
         let equal: [(&[u64], &[u64]); 3] = [(&[0], &[0]), (&[0], &[2]), (&[2], &[2])];
-        assert_eq!(join_dimension(&equal), None); // offsets not distinct
+        assert_eq!(join_dimension(&equal, 32), None); // offsets not distinct
+        let empty: [(&[u64], &[u64]); 2] = [(&[0, 2], &[2, 0]), (&[0, 2], &[2, 2])];
+        assert_eq!(join_dimension(&empty, 32), None); // a size-0 piece at another's offset
         let scalars: [(&[u64], &[u64]); 2] = [(&[], &[]), (&[], &[])];
-        assert_eq!(join_dimension(&scalars), None);
+        assert_eq!(join_dimension(&scalars, 32), None);
+    }
+
+    #[test]
+    fn sub_byte_runs() {
+        // F4 [2, 1] pieces: a row's run is one nibble (SPEC 7.2 rule 7)
+        let halves: [(&[u64], &[u64]); 2] = [(&[0, 0], &[2, 1]), (&[0, 2], &[2, 1])];
+        assert_eq!(join_dimension(&halves, 4), None);
+        assert_eq!(join_dimension(&halves, 8), Some(1));
+        let bytes: [(&[u64], &[u64]); 2] = [(&[0, 0], &[2, 2]), (&[0, 4], &[2, 2])];
+        assert_eq!(join_dimension(&bytes, 4), Some(1));
+        assert_eq!(join_dimension(&bytes, 6), None); // 12 bits
+        let quads: [(&[u64], &[u64]); 2] = [(&[0, 0], &[2, 4]), (&[0, 4], &[2, 4])];
+        assert_eq!(join_dimension(&quads, 6), Some(1)); // 24 bits
+        let rows: [(&[u64], &[u64]); 2] = [(&[0, 0], &[1, 1]), (&[2, 0], &[1, 1])];
+        assert_eq!(join_dimension(&rows, 4), None); // runs (whole pieces) of one nibble
+        let empty: [(&[u64], &[u64]); 2] = [(&[0, 0], &[2, 0]), (&[0, 1], &[2, 2])];
+        assert_eq!(join_dimension(&empty, 4), Some(1)); // a run of 0 bits is whole bytes
     }
 
     #[test]
@@ -96,9 +105,9 @@ mod tests {
         let (a, b) = ([1u8, 2, 5, 6], [9u8, 10]);
         let pieces: [(&[u64], &[u64], &[u8]); 2] = [(&[0, 3], &[2, 1], &b), (&[0, 0], &[2, 2], &a)];
         assert_eq!(join(&pieces), (vec![2, 3], vec![1, 2, 9, 5, 6, 10]));
-        // F4 columns: each row of a piece is one nibble (SPEC 6.5 rule 4)
-        let (c, d) = ([0x21u8], [0x43u8]); // c = [[1], [2]], d = [[3], [4]]
-        let pieces: [(&[u64], &[u64], &[u8]); 2] = [(&[0, 0], &[2, 1], &c), (&[0, 2], &[2, 1], &d)];
-        assert_eq!(join(&pieces), (vec![2, 2], vec![0x31, 0x42]));
+        // F4 columns, two elements (one byte) per row of a piece: bytes alternate
+        let (c, d) = ([0x21u8, 0x43], [0x65u8, 0x87]);
+        let pieces: [(&[u64], &[u64], &[u8]); 2] = [(&[0, 4], &[2, 2], &d), (&[0, 0], &[2, 2], &c)];
+        assert_eq!(join(&pieces), (vec![2, 4], vec![0x21, 0x65, 0x43, 0x87]));
     }
 }

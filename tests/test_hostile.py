@@ -39,6 +39,7 @@ from shardspec.convert import import_vllm
 from shardspec.convert.hf import HFError
 from shardspec.format import schema
 from shardspec.format.errors import ShardspecError
+from shardspec.format.limits import SUPPORTED_MINOR
 from shardspec.format.manifest import Alias, TensorRecord
 from shardspec.format.overlap import Box, first_overlap
 from shardspec.format.parse import parse_manifest
@@ -419,9 +420,13 @@ def test_mmap_with_a_new_layout_is_a_request_error(tmp_path: Path) -> None:
 # --- 2. a record's kind, decided once ----------------------------------------------------------
 
 
+#: A minor version newer than the reader's (SPEC 4.2 rule 3).
+NEWER = f"1.{SUPPORTED_MINOR + 1}"
+
+
 def _newer(manifest_dict: dict[str, Any], name: str, record: dict[str, Any]) -> bytes:
     data = copy.deepcopy(manifest_dict)
-    data["format_version"] = "1.3"
+    data["format_version"] = NEWER
     data["tensors"][name] = record
     return manifest_bytes(data)
 
@@ -494,7 +499,7 @@ def test_a_rank_local_record_with_a_shape_ignores_it(manifest_dict: dict[str, An
     assert isinstance(local, TensorRecord) and local.rank_local
 
 
-@pytest.mark.parametrize("version", ["1.2", "1.3"])
+@pytest.mark.parametrize("version", [f"1.{SUPPORTED_MINOR}", NEWER])
 def test_rank_local_must_be_true(manifest_dict: dict[str, Any], version: str,
                                  tmp_path: Path) -> None:
     """A global tensor with `rank_local: 1` and overlapping pieces was built as rank-local, so
@@ -510,7 +515,7 @@ def test_rank_local_must_be_true(manifest_dict: dict[str, Any], version: str,
     assert parsed.manifest is None
     assert {f.code for f in parsed.errors} == {"schema"}
     assert "$.tensors.layers.0.col.weight.rank_local" in [f.json_path for f in parsed.errors]
-    if version == "1.3":  # shape and offsets: unknown fields of a rank-local record, ignored
+    if version == NEWER:  # shape and offsets: unknown fields of a rank-local record, ignored
         assert len(parsed.errors) == 1
 
 
@@ -599,7 +604,7 @@ def test_schema_errors_past_the_bound_are_counted(monkeypatch: pytest.MonkeyPatc
 
 def test_unknown_fields_past_the_bound_are_counted(manifest_dict: dict[str, Any]) -> None:
     data = json.loads(many_unknown_members(500))
-    data["format_version"] = "1.3"
+    data["format_version"] = NEWER
     findings = parse_manifest(json.dumps(data).encode()).findings
     assert [f.code for f in findings] == (["version-newer-minor"]
                                           + ["unknown-field"] * (schema.MAX_SCHEMA_FINDINGS + 1))

@@ -10,7 +10,7 @@ import pytest
 
 import shardspec
 from conftest import SCHEMA_FILE, Tiny, manifest_bytes, rewrite_manifest
-from shardspec.format.limits import MAX_MANIFEST_BYTES
+from shardspec.format.limits import MAX_MANIFEST_BYTES, SUPPORTED_MINOR
 from shardspec.format.parse import parse_manifest
 from shardspec.format.schema import manifest_schema, schema_bytes, schema_findings
 from shardspec.storage.manifest_file import read_manifest
@@ -119,7 +119,7 @@ def test_newer_minor_ignores_unknown_fields_in_every_record(
         "quantization": manifest_dict["quantization"],
     }[where]
     target["from_the_future"] = 1
-    manifest_dict["format_version"] = "1.3"
+    manifest_dict["format_version"] = f"1.{SUPPORTED_MINOR + 1}"
     parsed = parse_manifest(manifest_bytes(manifest_dict))
     assert [f.code for f in parsed.findings] == ["version-newer-minor", "unknown-field"]
     assert "from_the_future" in parsed.findings[1].message

@@ -11,7 +11,9 @@ byte it did not read would not match.
   Qwen3-MoE; a checkpoint saved by the workers (``save_to``) reloads at its own layout; a
   layout its rank-local tensors cannot serve is refused, naming both layouts;
 - ``convert --names vllm`` at TP 1 and 2 loads in vLLM's own ``sharded_state`` loader
-  (issue 25: the attention layers' scale buffers) and in the plugin.
+  (issue 25: the attention layers' scale buffers; at TP 2 with ``sharded_state``) and, with
+  its fused tensors global and cut per part (issue 40), in the plugin, at its own layout
+  and, where no tensor is rank-local (a vocabulary vLLM need not pad), at another.
 """
 
 from __future__ import annotations
@@ -210,13 +212,45 @@ def test_workers_save_what_they_loaded_and_it_reloads(converted: dict[int, Path]
     _same(generate(saved, "shardspec", tp=2, extra={"verify": True}), auto(2))
 
 
-def test_vllm_names_load_in_sharded_state_and_in_the_plugin(llama: Path, auto: Baseline,
-                                                            tmp_path: Path) -> None:
-    """Issue 25: ``--names vllm`` output is what vLLM's own loader needs, at TP 1 and 2."""
-    for tp in (1, 2):
-        ckpt = _converted(llama, tmp_path / f"vllm-tp{tp}", tp_size=tp, names="vllm")
-        _same(generate(ckpt, "sharded_state", tp=tp, check_boxes=False), auto(tp))
-    _same(generate(tmp_path / "vllm-tp2", "shardspec", tp=2), auto(2))
+@pytest.mark.parametrize("tp", [1, 2])
+def test_vllm_names_load_in_sharded_state(llama: Path, auto: Baseline, tmp_path: Path,
+                                          tp: int) -> None:
+    """Issue 25: ``--names vllm`` output is what vLLM's own loader needs, at TP 1 and 2 (at TP 2
+    written with ``sharded_state``: vLLM's loader takes a name once per rank)."""
+    ckpt = _converted(llama, tmp_path / f"vllm-tp{tp}", tp_size=tp, names="vllm",
+                      sharded_state=tp > 1)
+    _same(generate(ckpt, "sharded_state", tp=tp, check_boxes=False), auto(tp))
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_vllm_names_serve_in_the_plugin_at_their_own_layout(llama: Path, auto: Baseline,
+                                                           tmp_path: Path, tp: int) -> None:
+    """Issue 40: ``--names vllm``'s fused tensors are global, each rank holding a piece per
+    part; the plugin reads each piece straight into its rows of the parameter (no recording)."""
+    ckpt = _converted(llama, tmp_path / f"vllm-tp{tp}", tp_size=tp, names="vllm")
+    served = generate(ckpt, "shardspec", tp=tp)
+    _same(served, auto(tp))
+    assert "checkpoint rank 0, whole" in served.log
+
+
+def test_vllm_names_without_padding_serve_at_another_layout(tmp_path: Path) -> None:
+    """A vocabulary vLLM need not pad (1024 rows) leaves no rank-local tensor in a ``--names
+    vllm`` checkpoint: written at TP 2, it serves at TP 1, by a placement plan recorded from
+    vLLM's own weight loaders, which cut the fused tensors per part."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=256, num_attention_heads=8, num_key_value_heads=2,
+                         head_dim=32, intermediate_size=512, num_hidden_layers=2,
+                         vocab_size=1024, max_position_embeddings=256,
+                         tie_word_embeddings=False)
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "hf")
+    ckpt = _converted(tmp_path / "hf", tmp_path / "tp2", tp_size=2, names="vllm")
+    records = shardspec.open(ckpt).manifest.tensors.values()
+    assert not any(getattr(r, "rank_local", False) for r in records)
+    served = generate(ckpt, "shardspec", tp=1)
+    _same(served, generate(tmp_path / "hf", "auto", tp=1))
+    assert "resharded on load" in served.log
 
 
 def test_rank_local_checkpoint_at_another_layout_is_refused(llama: Path, tmp_path: Path) -> None:

@@ -106,8 +106,12 @@ def convert_command(
         "writer names them (loads at any layout, also in transformers' from_pretrained, torch's "
         "HuggingFaceStorageReader and vLLM with --load-format shardspec); vllm writes each "
         "rank's tensors as vLLM's model holds them "
-        "(fused qkv_proj and gate_up_proj, padded vocabulary, attention scales; rank-local; "
-        "PP = 1 only) for vLLM's sharded_state loader.")] = _Names.hf,
+        "(fused qkv_proj and gate_up_proj cut part by part, several pieces a rank, format "
+        "1.3; padded vocabulary, attention scales; PP = 1 only).")] = _Names.hf,
+    sharded_state: Annotated[bool, flag(
+        "--sharded-state", help="With --names vllm: write each rank's fused tensors rank-local, "
+        "one file per rank, so that vLLM's own --load-format sharded_state reads the checkpoint "
+        "at TP 2 and more too (it reads a name once per rank).")] = False,
     quantize: Annotated[_Quantize | None, typer.Option(
         "--quantize", help="Quantize on the way: fp8 writes linear weights as F8_E4M3 with "
         "128x128 block scales (weight_scale_inv, as DeepSeek-V3 and vLLM's fp8 method).")
@@ -129,7 +133,7 @@ def convert_command(
         manifest = convert(src, dst, tp_size=tp, pp_size=pp, ep_size=ep, plan=tp_plan,
                            stages=_load_stages(stages), allow_uneven=allow_uneven,
                            max_file_size=cap, overwrite=overwrite, progress=bar.add,
-                           names=names.value,
+                           names=names.value, sharded_state=sharded_state,
                            quantize=None if quantize is None else quantize.value,
                            storage_options=storage_options_for(dst),
                            untie_embeddings=untie_embeddings)

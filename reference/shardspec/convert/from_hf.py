@@ -35,7 +35,9 @@ sharing storage, so vLLM's loader finds the keys it expects.
 
 With ``names="vllm"`` the fused parameters of :mod:`~shardspec.convert.vllm_names` are
 written in place of the Hugging Face projections, in vLLM's ``model-rank-{R}-part-{P}``
-files.
+files: global tensors of which each rank holds one piece per part, each piece in a file of its
+own (the planner's runs of files, :func:`~shardspec.write.shards.file_entries`), whose join is
+vLLM's parameter; with ``sharded_state``, rank-local tensors of the same bytes.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ from typing import Any
 
 from ..format.dtypes import DTYPES, byte_size
 from ..format.limits import DEFAULT_MAX_FILE_SIZE
-from ..format.manifest import FileRecord, Layout, Manifest, Quantization, TensorRecord
+from ..format.manifest import FileRecord, Layout, Manifest, Piece, Quantization, TensorRecord
+from ..format.ties import Box
 from ..storage.location import Location, PathOrURL, locate
 from ..storage.remote import RemoteRoot
 from ..write.save import (
@@ -65,6 +68,7 @@ from ..write.save import (
     plan_checkpoint,
     prepare_directory,
 )
+from ..write.shards import Cut, file_entries
 from . import fp8
 from .directories import Progress, hf_extra_files, local_dir, read_json
 from .from_hf_distributed import SHARDING_INFO_KEY
@@ -96,22 +100,31 @@ def _rank_infos(layout: Layout, splits: Mapping[str, Written], tied: str | None
                 ) -> list[RankInfo]:
     infos = []
     copies: dict[str, dict[tuple[tuple[int, ...], tuple[int, ...]], int]] = {}
+
+    def shard_of(name: str, global_shape: tuple[int, ...], box: Box) -> Shard:
+        seen = copies.setdefault(name, {})
+        replica = seen[box] = seen.get(box, -1) + 1  # copies numbered in rank order
+        return Shard(global_shape, box[0], replica=replica, shape=box[1])
+
     for rank in range(layout.size):
         coords = layout.coordinates(rank)
         tensors: dict[str, TensorInfo] = {}
         for name, split in splits.items():
             if split.stage != coords["pp_rank"]:
                 continue
-            shard: Shard | None
-            if isinstance(split, Fused):  # rank-local (SPEC 7.5)
+            shard: Shard | tuple[Shard, ...] | None
+            if isinstance(split, Fused) and split.rank_local:  # SPEC 7.5
                 shard, shape, dtype = None, split.shape(coords["tp_rank"]), split.dtype
+            elif isinstance(split, Fused):  # one piece per part, joined (SPEC 7.2 rule 7)
+                shards = tuple(shard_of(name, split.global_shape, box)
+                               for box in split.parts(coords["tp_rank"]))
+                shard = shards[0] if len(shards) == 1 else shards
+                shape, dtype = split.shape(coords["tp_rank"]), split.dtype
             else:
                 box = split.box(coords["ep_rank"], coords["tp_rank"])
                 if box is None:
                     continue
-                seen = copies.setdefault(name, {})
-                replica = seen[box] = seen.get(box, -1) + 1  # copies numbered in rank order
-                shard, shape = Shard(split.shape, box[0], replica=replica), box[1]
+                shard, shape = shard_of(name, split.shape, box), box[1]
                 dtype = DTYPES[split.dtype]
             nbytes = byte_size(dtype, shape)
             if nbytes is None:
@@ -145,6 +158,7 @@ def convert(
     quantize: str | None = None,
     storage_options: dict[str, Any] | None = None,
     untie_embeddings: bool = False,
+    sharded_state: bool = False,
 ) -> Manifest:
     """Convert the Hugging Face checkpoint directory ``src`` to a shardspec checkpoint ``dst``
     (a directory, or an object-storage URL with ``storage_options`` for its filesystem).
@@ -167,10 +181,15 @@ def convert(
     Raises :class:`~shardspec.convert.tp_plan.PlanError` or :class:`~shardspec.convert.hf.HFError`
     before writing anything when the source or the plan is unusable.
 
-    ``names="vllm"`` writes vLLM's fused ``qkv_proj`` and ``gate_up_proj`` tensors, rank-local,
-    in place of the Hugging Face projections, and the attention layers' scale buffers (see the
-    module's docstring); it needs ``pp_size == 1``, head counts in ``config.json`` that the TP size
-    divides, and at least as many key/value heads as ranks.
+    ``names="vllm"`` writes vLLM's fused ``qkv_proj`` and ``gate_up_proj`` tensors in place of
+    the Hugging Face projections, and the attention layers' scale buffers (see the module's
+    docstring): global tensors, each rank holding one piece per part (q, k, v; gate, up) whose
+    join is vLLM's parameter, so that the checkpoint reshards. It needs ``pp_size == 1`` and
+    head counts in ``config.json`` that vLLM deals to the TP size (fewer key/value heads than
+    ranks are replicated, as vLLM does). vLLM's own ``sharded_state`` loader reads a name once
+    per rank, so it reads such a checkpoint at TP 1 only; ``sharded_state=True`` writes each
+    rank's fused tensors as one rank-local tensor (SPEC 7.5) instead, which it reads at any TP
+    size, and which cannot be resharded.
 
     ``untie_embeddings`` writes a tied LM head as a tensor of its own (the embedding's bytes
     twice), as transformers' distributed save does: transformers' ``from_pretrained`` of a
@@ -183,6 +202,8 @@ def convert(
             raise ValueError(f"{label} must be a positive integer, got {value!r}")
     if names not in NAME_STYLES:
         raise ValueError(f"names must be one of {list(NAME_STYLES)}, got {names!r}")
+    if sharded_state and names != "vllm":
+        raise ValueError("sharded_state=True needs names='vllm'")
     if names == "vllm" and pp_size != 1:
         raise PlanError(f"names='vllm' needs pp_size = 1 (got pp={pp_size}): vLLM's "
                         "sharded-state loader names pipeline stages' files otherwise")
@@ -197,7 +218,7 @@ def convert(
     planned = plan_splits(source, layout, plan, stages, allow_uneven, quantize)
     splits: dict[str, Written] = dict(planned.splits)
     if names == "vllm":
-        splits = fuse_for_vllm(planned.splits, source.config, tp_size)
+        splits = fuse_for_vllm(planned.splits, source.config, tp_size, rank_local=sharded_state)
     extras = hf_extra_files(source.root, exclude=root if isinstance(root, Path) else None)
     quantization = _quantization(source.config)
     if quantize == "fp8":
@@ -240,10 +261,11 @@ def _write_converted(root: Location, layout: Layout, draft: Manifest,
     records: dict[str, FileRecord] = {}
     for rank in range(layout.size):
         coords = layout.coordinates(rank)
-        for path, in_file in _names_by_file(draft, rank).items():
-            outs = [_piece_out(name, splits[name], coords, draft) for name in in_file]
-            records[path] = _write_part(root, path, outs, _file_metadata(draft, rank, in_file),
-                                        advance)
+        for path, entries in file_entries(draft, rank).items():
+            pieces = [(name, cut, _piece_in(draft, name, rank, path)) for name, cut in entries]
+            outs = [_piece_out(name, splits[name], coords, draft, piece, cut)
+                    for name, cut, piece in pieces]
+            records[path] = _write_part(root, path, outs, _file_metadata(pieces), advance)
     records.update({f.path: f for f in copy_extra_files(root, extras)})
     manifest = finish_manifest(draft, records)
     commit_checkpoint(root, manifest.to_json(), claimed=claim)
@@ -262,46 +284,42 @@ def _write_part(root: Location, path: str, outs: list[OutTensor], metadata: dict
     return FileRecord(path=path, size=size, checksums={"sha256": sha})
 
 
-def _file_metadata(draft: Manifest, rank: int, names: list[str]) -> dict[str, str]:
+def _piece_in(draft: Manifest, name: str, rank: int, path: str) -> Piece:
+    """The piece of tensor ``name`` that rank ``rank`` holds in file ``path``."""
+    record = draft.tensors[name]
+    assert isinstance(record, TensorRecord)
+    return next(p for p in record.pieces if p.rank == rank and p.file == path)
+
+
+def _file_metadata(pieces: list[tuple[str, Cut, Piece]]) -> dict[str, str]:
     """A data file's ``__metadata__``: safetensors' ``format``, and where its pieces are global,
-    torch's ``DCP_SHARDING_INFO`` (each entry's offset in its tensor), with which torch's
+    torch's ``DCP_SHARDING_INFO`` (each entry's offset in its tensor: the offset of the piece
+    this file holds, where a rank holds several), with which torch's
     ``HuggingFaceStorageReader`` reads the checkpoint at any layout (SPEC 6.3, informative)."""
     info: dict[str, dict[str, list[int]]] = {}
-    for name in names:
-        record = draft.tensors[name]
-        assert isinstance(record, TensorRecord)
-        piece = record.piece_of(rank)
-        if piece is None or piece.offset is None:  # rank-local (vLLM's names): nothing to say
+    for name, _, piece in pieces:
+        if piece.offset is None:  # rank-local (vLLM's names): nothing to say
             return {"format": "pt"}
         info[name] = {"saved_offsets": list(piece.offset)}
     return {"format": "pt", SHARDING_INFO_KEY: json.dumps(info, separators=(",", ":"))}
 
 
-def _names_by_file(draft: Manifest, rank: int) -> dict[str, list[str]]:
-    names: dict[str, list[str]] = {f.path: [] for f in draft.ranks[rank].files}
-    for name, record in draft.tensors.items():
-        if isinstance(record, TensorRecord):
-            piece = record.piece_of(rank)
-            if piece is not None:
-                names[piece.file].append(name)
-    return names
-
-
-def _piece_out(name: str, split: Written, coords: Mapping[str, int],
-               draft: Manifest) -> OutTensor:
+def _piece_out(name: str, split: Written, coords: Mapping[str, int], draft: Manifest,
+               piece: Piece, cut: Cut) -> OutTensor:
+    """The entry of one piece: the rank's value of ``name``, or the ``cut`` of it that the
+    file holds where the value joins several pieces."""
     record = draft.tensors[name]
     assert isinstance(record, TensorRecord)
-    tp_rank = coords["tp_rank"]
+    dtype = record.dtype
+    nbytes = byte_size(DTYPES[dtype], piece.shape) or 0
     if isinstance(split, Fused):
-        fused = split
-        shape = fused.shape(tp_rank)
-        return OutTensor(name, record.dtype, shape, byte_size(DTYPES[record.dtype], shape) or 0,
-                         lambda: fused.chunks(tp_rank))
-    box = split.box(coords["ep_rank"], tp_rank)
-    assert box is not None
-    shape = box[1]
-    nbytes = byte_size(DTYPES[record.dtype], shape) or 0
-    return OutTensor(name, record.dtype, shape, nbytes, _chunks_of(split, coords))
+        fused, tp_rank = split, coords["tp_rank"]
+        assert cut is None or cut[0] == 0, "fused parts join along dim 0"
+        start, stop = (0, None) if cut is None else (cut[1], cut[1] + cut[2])
+        return OutTensor(name, dtype, piece.shape, nbytes,
+                         lambda: fused.chunks(tp_rank, start, stop))
+    assert cut is None, "only fused tensors are joined"
+    return OutTensor(name, dtype, piece.shape, nbytes, _chunks_of(split, coords))
 
 
 def _chunks_of(split: Split | Tied | Constant, coords: Mapping[str, int]

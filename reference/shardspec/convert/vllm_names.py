@@ -1,10 +1,21 @@
 """vLLM's fused parameters (``names="vllm"``): each TP rank's ``qkv_proj`` and ``gate_up_proj``.
 
 Each TP rank's ``...self_attn.qkv_proj.weight`` (and ``.bias``) is its q rows, then its k rows,
-then its v rows (``num_attention_heads / tp`` query heads and ``num_key_value_heads / tp``
-key/value heads), and its ``...mlp.gate_up_proj.weight`` its gate rows then its up rows. Under
-grouped-query attention such a piece is not a slice of one global tensor, so the fused tensors
-are rank-local (SPEC 7.5).
+then its v rows (``num_attention_heads / tp`` query heads, and its key/value heads:
+``num_key_value_heads / tp`` of them, or, with fewer key/value heads than ranks, the one head
+that ``tp / num_key_value_heads`` consecutive ranks share, as vLLM deals them), and its
+``...mlp.gate_up_proj.weight`` its gate rows then its up rows.
+
+Such a tensor is recorded as a *global* tensor cut per part (:class:`Fused`, format 1.3): its
+global shape is the members' stacked along dim 0 (q, k, v; gate, up), and each rank holds one
+piece of each member, at that member's rows of the global tensor, in a file of its own; the
+rank's value, their join (SPEC 7.2 rules 6 and 7), is vLLM's parameter byte for byte. Key/value
+heads held by several ranks are replicas (SPEC 7.4), numbered in rank order. Where a rank's
+pieces are adjacent (at TP 1) and none is replicated, they are one piece. Such a checkpoint
+validates as slices, reshards and reads at any layout. vLLM's own ``sharded_state`` loader
+takes each name once per rank, though, so at TP 2 and more it cannot read a tensor held in
+several pieces: for it, ``rank_local`` writes each rank's fused tensor as one rank-local tensor
+(SPEC 7.5) instead, of the same bytes.
 
 vLLM's ``sharded_state`` loader fills the model's whole ``state_dict()``, buffers included, and
 refuses a directory that lacks one. vLLM's ``Attention`` layer (at ``...self_attn.attn``)
@@ -14,7 +25,9 @@ scales; each attention layer gets them here with that value, replicated on every
 
 vLLM pads the vocabulary of the embedding and the LM head to a multiple of 64 rows and gives
 each rank an equal run of the padded rows (:func:`vocab_rows`); each rank's tensor is that run,
-zero rows included (rank-local, :class:`PaddedVocab`).
+zero rows included (rank-local, :class:`PaddedVocab`: the zero rows are in no global tensor).
+Where no run holds padding (a vocabulary that is a multiple of 64, cut evenly), the runs are
+slices of the vocabulary, and the tensor stays the global split it was.
 """
 
 from __future__ import annotations
@@ -25,6 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..format.dtypes import byte_size
+from ..format.heads import HeadsError, kv_head_replicas
+from ..format.ties import Box
 from .hf import iter_slice
 from .plan import Split, Tied
 from .tp_plan import PlanError
@@ -62,26 +77,61 @@ class Constant:
 
 @dataclass(frozen=True)
 class Fused:
-    """A rank-local tensor written as each rank's dim-0 slices of ``members``, one after the
-    other (vLLM's ``qkv_proj`` and ``gate_up_proj``); every member is split along dim 0."""
+    """vLLM's ``qkv_proj`` or ``gate_up_proj``: ``members``, each split along dim 0, stacked
+    along dim 0 (see the module docstring). Global, each rank holding one piece per member
+    (:meth:`parts`), unless ``rank_local``."""
 
     members: tuple[Split, ...]
     stage: int
+    rank_local: bool = False
 
     @property
     def dtype(self) -> Any:
         return self.members[0].source.dtype
 
+    @property
+    def global_shape(self) -> tuple[int, ...]:
+        rows = sum(m.source.shape[0] for m in self.members)
+        return (rows, *self.members[0].source.shape[1:])
+
     def shape(self, tp_rank: int) -> tuple[int, ...]:
+        """The rank's value: vLLM's parameter on that rank."""
         rows = sum(m.sizes[tp_rank] for m in self.members)
         return (rows, *self.members[0].source.shape[1:])
 
-    def chunks(self, tp_rank: int) -> Iterator[bytes | bytearray]:
+    def _boxes(self, tp_rank: int) -> Iterator[tuple[int, Split, int, int]]:
+        """Per member, in order: its first row in the global tensor, the member, the rank's
+        first row of the member and how many rows of it the rank holds."""
+        at = 0
         for member in self.members:
             box = member.box(0, tp_rank)  # vLLM's layouts have ep_size 1
             assert box is not None
-            start = box[0][0]
-            yield from iter_slice(member.source, 0, start, start + box[1][0])
+            yield at, member, box[0][0], box[1][0]
+            at += member.source.shape[0]
+
+    def parts(self, tp_rank: int) -> list[Box]:
+        """The rank's pieces of the global tensor, in join order: one per member (its rows of
+        that member, at the member's place), or one in all where they are adjacent (at TP 1)
+        and no member is replicated (a replica must be some primary piece's copy, SPEC 7.4)."""
+        rest = self.members[0].source.shape[1:]
+        runs = [(at + first, rows) for at, _, first, rows in self._boxes(tp_rank)]
+        replicated = any(len(set(m.starts)) < len(m.starts) for m in self.members)
+        if not replicated and all(a + n == b for (a, n), (b, _)
+                                  in zip(runs, runs[1:], strict=False)):
+            runs = [(runs[0][0], sum(n for _, n in runs))]
+        return [((start, *(0,) * len(rest)), (rows, *rest)) for start, rows in runs]
+
+    def chunks(self, tp_rank: int, start: int = 0, stop: int | None = None
+               ) -> Iterator[bytes | bytearray]:
+        """The bytes of rows ``start``..``stop`` of the rank's value (all of it by default):
+        the rank's rows of each member, one member after the other."""
+        done = 0  # rows of the value before this member's
+        for _, member, first, rows in self._boxes(tp_rank):
+            low = max(start, done)
+            high = done + rows if stop is None else min(done + rows, stop)
+            if low < high:
+                yield from iter_slice(member.source, 0, first + low - done, first + high - done)
+            done += rows
 
 
 #: vLLM pads the vocabulary of its embedding and LM head to a multiple of this
@@ -104,19 +154,37 @@ class PaddedVocab(Fused):
     """vLLM's shard of an embedding or LM head: the rank's run of the padded vocabulary, its
     rows of the tensor followed by zero rows (what vLLM's default loader leaves there)."""
 
+    rank_local: bool = True
     tp_size: int = 1
 
     def shape(self, tp_rank: int) -> tuple[int, ...]:
         source = self.members[0].source
         return (vocab_rows(source.shape[0], self.tp_size, tp_rank)[2], *source.shape[1:])
 
-    def chunks(self, tp_rank: int) -> Iterator[bytes | bytearray]:
+    def parts(self, tp_rank: int) -> list[Box]:
+        raise TypeError("a padded vocabulary is rank-local: it has no pieces of a global tensor")
+
+    def chunks(self, tp_rank: int, start: int = 0, stop: int | None = None
+               ) -> Iterator[bytes | bytearray]:
+        assert start == 0 and stop is None, "a rank-local tensor is written whole"
         source = self.members[0].source
-        start, rows, per_rank = vocab_rows(source.shape[0], self.tp_size, tp_rank)
-        yield from iter_slice(source, 0, start, start + rows)
+        first, rows, per_rank = vocab_rows(source.shape[0], self.tp_size, tp_rank)
+        yield from iter_slice(source, 0, first, first + rows)
         padding = byte_size(source.dtype, (per_rank - rows, *source.shape[1:]))
         if padding:
             yield bytes(padding)
+
+
+def _is_slice(vocab: PaddedVocab, tp_size: int) -> bool:
+    """Whether every rank's run of the padded vocabulary is its piece of the split: no run
+    holds padding, and each starts where the split's piece does."""
+    split = vocab.members[0]
+    for tp_rank in range(tp_size):
+        first, rows, per_rank = vocab_rows(split.shape[0], tp_size, tp_rank)
+        box = split.box(0, tp_rank)
+        if rows != per_rank or box is None or (box[0][0], box[1][0]) != (first, rows):
+            return False
+    return True
 
 
 def _config_int(config: Mapping[str, Any], key: str) -> int:
@@ -128,10 +196,12 @@ def _config_int(config: Mapping[str, Any], key: str) -> int:
 
 
 def fuse_for_vllm(splits: dict[str, Split | Tied], config: Mapping[str, Any] | None,
-                   tp_size: int) -> dict[str, Split | Tied | Fused | Constant]:
+                  tp_size: int, *, rank_local: bool = False
+                  ) -> dict[str, Split | Tied | Fused | Constant]:
     """``splits`` with vLLM's fused tensors in place of the projections they join (each at
-    the position of its first member), and each attention layer's scale buffers
-    (:data:`ATTENTION_SCALES`); PlanError where vLLM's layout cannot be written."""
+    the position of its first member; global, or ``rank_local``), vLLM's padded vocabulary,
+    and each attention layer's scale buffers (:data:`ATTENTION_SCALES`); PlanError where
+    vLLM's layout cannot be written."""
     config = config or {}
     heads = _config_int(config, "num_attention_heads")
     kv_heads = _config_int(config, "num_key_value_heads") \
@@ -140,14 +210,13 @@ def fuse_for_vllm(splits: dict[str, Split | Tied], config: Mapping[str, Any] | N
         head_dim = _config_int(config, "head_dim")
     else:
         head_dim = _config_int(config, "hidden_size") // heads
-    if kv_heads < tp_size:
-        raise PlanError(f"names='vllm': num_key_value_heads ({kv_heads}) is smaller than the TP "
-                        f"size ({tp_size}); vLLM then replicates key/value heads across ranks, "
-                        "which convert does not write")
-    for label, count in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads)):
-        if count % tp_size:
-            raise PlanError(f"names='vllm': {label} ({count}) is not a multiple of the TP size "
-                            f"({tp_size})")
+    if heads % tp_size:
+        raise PlanError(f"names='vllm': num_attention_heads ({heads}) is not a multiple of the "
+                        f"TP size ({tp_size})")
+    try:  # fewer key/value heads than ranks: each held by tp / kv ranks, as replicas
+        kv_head_replicas(tp_size, kv_heads)
+    except HeadsError as exc:
+        raise PlanError(f"names='vllm': {exc} (num_key_value_heads in config.json)") from None
     rows_of = {"self_attn.q_proj": heads * head_dim, "self_attn.k_proj": kv_heads * head_dim,
                "self_attn.v_proj": kv_heads * head_dim}
     fused_at: dict[str, str] = {}       # member name -> fused name
@@ -181,7 +250,8 @@ def fuse_for_vllm(splits: dict[str, Split | Tied], config: Mapping[str, Any] | N
     for name, split in plain.items():
         target = fused_at.get(name)
         if target is None and name.endswith(_VOCAB_TENSORS) and split.dim == 0:
-            out[name] = PaddedVocab((split,), split.stage, tp_size)
+            padded = PaddedVocab((split,), split.stage, tp_size=tp_size)
+            out[name] = split if _is_slice(padded, tp_size) else padded
             continue
         if target is None:
             out[name] = split
@@ -211,7 +281,7 @@ def fuse_for_vllm(splits: dict[str, Split | Tied], config: Mapping[str, Any] | N
         if len({m.stage for m in members}) != 1:
             raise PlanError(f"names='vllm': the tensors fused into {target!r} are on different "
                             "pipeline stages")
-        out[target] = Fused(members, members[0].stage)
+        out[target] = Fused(members, members[0].stage, rank_local)
         if target.endswith("self_attn.qkv_proj.weight"):
             attention = target[: -len("qkv_proj.weight")] + "attn."
             for buffer, value in ATTENTION_SCALES.items():

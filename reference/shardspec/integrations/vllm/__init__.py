@@ -26,6 +26,8 @@ And around them:
   model, checked to be of one checkpoint;
 - :mod:`.regions`: the box of each global tensor a worker needs, by vLLM's rules (for what a
   plan cannot place);
+- :mod:`.own_layout`: whether a checkpoint rank is the worker's own state (vLLM's names at
+  its layout), and its tensors' values, joined where the rank holds several pieces;
 - :mod:`.loader`: the ``BaseModelLoader`` (imports vLLM);
 - :mod:`.state`: workers writing the state they loaded as a checkpoint.
 

@@ -6,7 +6,8 @@ Two ways in, chosen per checkpoint:
 - **its own layout**: a checkpoint under vLLM's names (``convert --names vllm``, ``import-vllm``,
   or saved by this loader with ``save_to``) at the engine's tensor- and pipeline-parallel
   sizes: each tensor of the worker's checkpoint rank is read whole into the ``state_dict()``
-  entry of its name, buffers included;
+  entry of its name, buffers included; a fused ``qkv_proj`` or ``gate_up_proj`` held in one
+  piece per part has each piece read into its rows of the parameter (:mod:`.own_layout`);
 - **any other layout**: a checkpoint of global tensors under Hugging Face names (``convert``):
   a placement plan says which bytes of which piece land where in which parameter. It is
   recorded once by running the model's own ``load_weights`` on stand-ins (:mod:`.recorder`;
@@ -51,6 +52,7 @@ from ...reshard.regions import plan_boxes
 from .agreement import bounding, check_agreement
 from .layouts import EngineRank, check_quantization, own_rank, refuse_rank_local
 from .options import LoaderOptions
+from .own_layout import is_own_state, rank_values
 from .placements import PlacementError, PlacementPlan, lower, own_layout_plan
 from .plan_cache import load_plan, plan_key, store_plan
 from .recorder import Recording, RecordingFailed, StandIn, record
@@ -85,8 +87,12 @@ class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has n
         rank = _engine_rank()
         started = time.perf_counter()
         stats = ReadStats()
+        config = model_config.hf_config.to_dict()
         own = own_rank(checkpoint.manifest, rank)
-        whole_rank = own is not None and _rank_fits(checkpoint.manifest, own, model)
+        whole_rank = own is not None and is_own_state(
+            checkpoint.manifest, own, rank,
+            {name: tuple(t.shape) for name, t in model.state_dict().items()},
+            Heads.from_config(config))
         if own is not None and whole_rank:  # vLLM's names at the engine's own layout
             if checkpoint.is_remote:
                 load_own_rank(checkpoint, own, model, _model_device(model), self.options.verify)
@@ -97,7 +103,6 @@ class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has n
                 place_own_rank(checkpoint, own, model, verify=self.options.verify, stats=stats)
         else:
             refuse_rank_local(checkpoint.manifest, rank)
-            config = model_config.hf_config.to_dict()
             if checkpoint.is_remote:
                 try:  # to check the shapes only: every tensor goes through load_weights
                     _recorded(checkpoint, model, rank, config,
@@ -266,25 +271,6 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _rank_fits(manifest: Manifest, rank: int, model: nn.Module) -> bool:
-    """Whether checkpoint rank ``rank`` is the worker's own state: every tensor is in the
-    state dict under its name, and every piece the rank holds has its entry's shape. Names
-    alone do not say it: Phi-3's Hugging Face names (``qkv_proj``, ``gate_up_proj``) are
-    vLLM's too."""
-    state = model.state_dict()
-    if not all(name in state for name in manifest.tensors):
-        return False
-    for name, entry in manifest.tensors.items():
-        if not isinstance(entry, TensorRecord):
-            continue
-        for piece in entry.pieces:
-            if piece.rank == rank:
-                shape = torch_layout(DTYPES[entry.dtype], piece.shape)[1]
-                if tuple(state[name].shape) != tuple(shape):
-                    return False
-    return True
-
-
 # --- its own layout -----------------------------------------------------------------------
 
 def load_own_rank(checkpoint: Checkpoint, rank: int, model: nn.Module, device: torch.device,
@@ -333,14 +319,15 @@ def place_own_rank(checkpoint: Checkpoint, rank: int, model: nn.Module, *, verif
     :func:`load_own_rank` for the rules), each tensor into its parameter's own memory."""
     state = model.state_dict()
     plan = checkpoint.plan(rank)
-    held = {name: torch_layout(DTYPES[dtype], shape) for f in plan.files
-            for name, (dtype, shape) in f.expected.items()}
+    held = {name: torch_layout(DTYPES[dtype], shape)
+            for name, (dtype, shape) in rank_values(plan).items()}
     _check_own_rank(rank, model, state, held)
     if not all(state[name].is_contiguous() for name in held):
         load_own_rank(checkpoint, rank, model, _model_device(model), verify)
         return
     replay(checkpoint.path, checkpoint.manifest,  # type: ignore[arg-type]
-           own_layout_plan({f.record.path: list(f.expected) for f in plan.files}, state),
+           own_layout_plan({f.record.path: list(f.expected) for f in plan.files}, state,
+                           plan.joins),
            state, verify=verify, stats=stats, poison=os.environ.get(CHECK_BOXES_ENV) == "1")
     for alias, target in plan.aliases.items():  # a tie the model does not share
         if alias in state and state[alias].data_ptr() != state[target].data_ptr():

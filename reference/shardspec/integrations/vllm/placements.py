@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ...format.dtypes import DTYPES
+from ...format.joins import Join
 from ...format.manifest import Manifest, TensorRecord
 from ...format.pieces import Piece
 from .recorder import Copy, Fill, Recording, Region
@@ -129,21 +130,50 @@ class PlacementError(ValueError):
     """A recording whose writes do not replay to the loaded model (overlap, or a gap)."""
 
 
-def own_layout_plan(files: Mapping[str, Iterable[str]], targets: Mapping[str, torch.Tensor]
-                    ) -> PlacementPlan:
+def own_layout_plan(files: Mapping[str, Iterable[str]], targets: Mapping[str, torch.Tensor],
+                    joins: Mapping[str, Join] | None = None) -> PlacementPlan:
     """The plan of a checkpoint rank under the model's own names (file -> tensor names): each
     tensor read whole into the target of its name (same dtype and shape, checked by the
-    caller)."""
+    caller). A tensor whose value on the rank joins several pieces (``joins``, SPEC 7.2
+    rule 7) has each piece read from its file into its place in the target: along dim 0,
+    consecutive rows, one contiguous read."""
+    joins = joins or {}
     reads = []
     for file, names in files.items():
         for name in names:
             target = targets[name]
-            nbytes = target.numel() * target.element_size()
-            if nbytes:
-                reads.append(Read(file, name, 0, nbytes, name,
-                                  int(target.storage_offset()) * target.element_size(), nbytes,
-                                  nbytes, 1))
+            size = target.element_size()
+            base = int(target.storage_offset()) * size
+            nbytes = target.numel() * size
+            join = joins.get(name)
+            if join is not None:
+                reads += _join_reads(file, name, join, target)
+            elif nbytes:
+                reads.append(Read(file, name, 0, nbytes, name, base, nbytes, nbytes, 1))
     return PlacementPlan(reads)
+
+
+def _join_reads(file: str, name: str, join: Join, target: torch.Tensor) -> list[Read]:
+    """The read of the piece of ``join`` in ``file`` into its place in ``target`` (the join,
+    contiguous): its run of every row above the join's dim, ``count`` runs (one where the join
+    is along dim 0). In bytes, as the join lays them (SPEC 7.2 rule 7: each run whole bytes),
+    whatever torch's shape of a sub-byte dtype."""
+    start = 0
+    for piece in join.pieces:  # in join order: each starts where the ones before end
+        if piece.file == file:
+            break
+        start += piece.shape[join.dim]
+    else:
+        raise ValueError(f"tensor {name!r} has no piece of its join in {file!r}")
+    elements = math.prod(join.shape)
+    nbytes = target.numel() * target.element_size()
+    if not elements or not nbytes or not piece.shape[join.dim]:
+        return []
+    inner_bits = math.prod(join.shape[join.dim + 1:]) * (nbytes * 8 // elements)
+    length = piece.shape[join.dim] * inner_bits // 8
+    base = int(target.storage_offset()) * target.element_size() + start * inner_bits // 8
+    return [Read(file, name, 0, length, name, base, join.shape[join.dim] * inner_bits // 8,
+                 length, math.prod(join.shape[:join.dim]))]
 
 
 # --- one copy -> reads -----------------------------------------------------------------------

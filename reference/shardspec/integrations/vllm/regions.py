@@ -15,7 +15,7 @@ tests fill that memory with NaN to prove it never is). The rules, as vLLM 0.3x a
   and cut into equal runs, so a rank needs its run less the padding;
 - routed experts under expert parallelism: whole (vLLM picks the worker's experts);
 - tensors that are already fused (``gate_up_proj``, ``qkv_proj``: vLLM cuts each member
-  separately): whole;
+  separately): whole; the boxes of each part a rank holds are :func:`fused_parts`;
 - anything the tensor-parallel plan replicates, ties (quantization scales), or that no plan
   describes: whole.
 
@@ -35,11 +35,13 @@ from ...format.heads import HeadsError, heads_of_rank
 from ...reshard.plan import Box, slice_of
 from .layouts import EngineRank
 
-__all__ = ["Heads", "plan_for", "vllm_box"]
+__all__ = ["FUSED_MODULES", "Heads", "fused_parts", "plan_for", "vllm_box"]
 
 _VOCAB_TENSORS = ("embed_tokens.weight", "lm_head.weight")
 _KV_MODULES = ("k_proj", "v_proj")
 _FUSED_MODULES = ("gate_up_proj", "qkv_proj", "w13")
+#: The fused tensors whose parts :func:`fused_parts` knows.
+FUSED_MODULES = ("qkv_proj", "gate_up_proj")
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,45 @@ def vllm_box(
         start, length = slice_of(size, rank.tp_size, rank.tp_rank)
     offset = tuple(start if d == dim else 0 for d in range(len(shape)))
     return offset, tuple(length if d == dim else s for d, s in enumerate(shape))
+
+
+def fused_parts(name: str, shape: tuple[int, ...], rank: EngineRank, heads: Heads | None
+                ) -> list[Box] | None:
+    """The boxes of a fused ``qkv_proj`` or ``gate_up_proj`` (global ``shape``, its parts
+    stacked along dim 0) whose rows ``rank`` holds, in the order vLLM's parameter holds them:
+    its query rows, then its key/value heads' rows of k and of v; its run of the gate, then of
+    the up projection (one box where they are all adjacent and no key/value head is
+    replicated, as at TP 1, as ``convert --names vllm`` writes them). None where ``name`` is
+    neither, or its shape is not vLLM's parts (key/value heads as :func:`vllm_box` deals
+    them)."""
+    module = _module_leaf(name)
+    if not shape or module not in FUSED_MODULES:
+        return None
+    runs: list[tuple[int, int]] = []  # (first row, rows)
+    if module == "qkv_proj":
+        if heads is None:
+            return None
+        q_rows, kv_rows = heads.attention * heads.head_dim, heads.kv * heads.head_dim
+        if shape[0] != q_rows + 2 * kv_rows:
+            return None
+        try:
+            held = heads_of_rank(rank.tp_rank, rank.tp_size, heads.attention, heads.kv)
+        except HeadsError:
+            return None
+        kv_start, kv_length = held.kv.start * heads.head_dim, len(held.kv) * heads.head_dim
+        runs = [(held.query.start * heads.head_dim, len(held.query) * heads.head_dim),
+                (q_rows + kv_start, kv_length), (q_rows + kv_rows + kv_start, kv_length)]
+    else:
+        if shape[0] % 2:
+            return None
+        start, length = slice_of(shape[0] // 2, rank.tp_size, rank.tp_rank)
+        runs = [(start, length), (shape[0] // 2 + start, length)]
+    replicated = module == "qkv_proj" and heads is not None and heads.kv < rank.tp_size
+    if not replicated and all(a + n == b for (a, n), (b, _)
+                              in zip(runs, runs[1:], strict=False)):
+        runs = [(runs[0][0], sum(n for _, n in runs))]  # one piece, as convert writes it
+    rest = shape[1:]
+    return [((start, *(0,) * len(rest)), (length, *rest)) for start, length in runs]
 
 
 def _module_leaf(name: str) -> str:

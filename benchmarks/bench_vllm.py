@@ -13,7 +13,7 @@ in the vLLM venv of ``make vllm``), in a rotating order each repeat:
 | auto-eager, auto-prefetch | Hugging Face | ``auto`` with ``safetensors_load_strategy`` |
 | runai_streamer | Hugging Face | ``runai_streamer`` (needs ``runai-model-streamer``) |
 | fastsafetensors | Hugging Face | ``fastsafetensors`` (needs ``fastsafetensors``) |
-| sharded_state | ``--names vllm`` | ``sharded_state`` |
+| sharded_state | ``--names vllm --sharded-state`` | ``sharded_state`` |
 | shardspec | ``convert --tp TP`` | ``shardspec`` (placement plan, cached) |
 | shardspec-huge-pages | ``convert --tp TP`` | the same, parameters advised for huge pages |
 | shardspec-from-tp4 | ``convert --tp 4`` | ``shardspec`` (resharded on load) |
@@ -60,7 +60,7 @@ CONTENDERS: dict[str, tuple[str, str, str | None, str | None, dict[str, str]]] =
     "auto-prefetch": ("hf", "auto", "prefetch", None, {}),
     "runai_streamer": ("hf", "runai_streamer", None, "runai_model_streamer", {}),
     "fastsafetensors": ("hf", "fastsafetensors", None, "fastsafetensors", {}),
-    "sharded_state": ("vllm", "sharded_state", None, None, {}),
+    "sharded_state": ("vllm-sharded-state", "sharded_state", None, None, {}),
     "shardspec": ("shardspec", "shardspec", None, None, {}),
     "shardspec-huge-pages": ("shardspec", "shardspec", None, None,
                              {"SHARDSPEC_PARAM_HUGE_PAGES": "1"}),
@@ -161,6 +161,9 @@ def main() -> None:
         dirs["shardspec", tp] = _converted(hf, work / f"shardspec-tp{tp}", tp_size=tp)
         dirs["shardspec-tp4", tp] = _converted(hf, work / "shardspec-tp4", tp_size=4)
         dirs["vllm", tp] = _converted(hf, work / f"vllm-names-tp{tp}", tp_size=tp, names="vllm")
+        # vLLM's own loader reads a name once a rank: fused tensors rank-local, one file a rank
+        dirs["vllm-sharded-state", tp] = _converted(
+            hf, work / f"vllm-sharded-state-tp{tp}", tp_size=tp, names="vllm", sharded_state=True)
     every = sorted({f for d in dirs.values() for f in d.glob("*.safetensors")})
     wanted = args.contenders.split(",")
     contenders, notes = [], []

@@ -4,7 +4,7 @@
 One random Llama-shaped bf16 model (:func:`bench_vllm.write_model`; by default 16 layers of
 hidden 2048, 1.59 GiB) goes into one bucket of a local S3 server (moto on 127.0.0.1, in this
 process) four ways: its Hugging Face files as ``save_pretrained`` wrote them, and through
-``shardspec convert`` at each benchmarked TP with Hugging Face names and with ``--names vllm``
+``shardspec convert`` at each benchmarked TP with Hugging Face names and with ``--names vllm --sharded-state``
 (converted locally and put into moto's store directly: moto 5.2 fails to complete a multipart
 upload of a 1.5 GiB object). Every contender is a fresh engine (``tests/vllm_runner.py`` in the
 vLLM venv of ``make vllm``), in a rotating order each repeat, each reading the bucket as a user
@@ -282,7 +282,9 @@ def main() -> None:
                 url = f"s3://{BUCKET}/{prefix}"
                 converted = work / prefix
                 if not (converted / "shardspec.json").exists():
-                    convert(hf, converted, tp_size=tp, names=names, overwrite=True)
+                    # vLLM's sharded loaders read a name once a rank: fused tensors rank-local
+                    convert(hf, converted, tp_size=tp, names=names, overwrite=True,
+                            sharded_state=names == "vllm")
                 upload_directory(server, converted, prefix)
                 manifest = shardspec.open(url, storage_options=options).manifest
                 data = sum(f.size for r in manifest.ranks for f in r.files)

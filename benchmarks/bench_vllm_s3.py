@@ -6,9 +6,9 @@ hidden 2048, 1.59 GiB) goes into one bucket of a local S3 server (moto on 127.0.
 process) four ways: its Hugging Face files as ``save_pretrained`` wrote them, and through
 ``shardspec convert`` at each benchmarked TP with Hugging Face names and with ``--names vllm
 --sharded-state`` (converted locally and put into moto's store directly: moto 5.2 fails to
-complete a multipart upload of a 1.5 GiB object). Every contender is a fresh engine (``tests/vllm_runner.py`` in the
-vLLM venv of ``make vllm``), in a rotating order each repeat, each reading the bucket as a user
-sets it up (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...):
+complete a multipart upload of a 1.5 GiB object). Every contender is a fresh engine
+(``tests/vllm_runner.py`` in the vLLM venv of ``make vllm``), in a rotating order each repeat,
+each reading the bucket as a user sets it up (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...):
 
 | contender | in the bucket | vLLM's model | load format |
 |---|---|---|---|

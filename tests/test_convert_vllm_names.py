@@ -269,6 +269,15 @@ def test_vllm_names_fused_are_global_with_a_piece_per_part_and_replicas(tmp_path
             ((rank * 8, 0), (8, 16), 0), ((32 + rank * 8, 0), (8, 16), 0)]
 
 
+def test_vllm_names_replicated_heads_warning_names_the_fused_tensor(tmp_path: Path) -> None:
+    """The notice of replicated key/value heads names a tensor the checkpoint holds."""
+    src, _ = _hf(tmp_path, heads=4, kv_heads=2, hidden=16)
+    with pytest.warns(PlanWarning, match="each key/value head is held by 2") as caught:
+        convert(src, tmp_path / "out", tp_size=4, names="vllm")
+    message = str(caught[0].message)
+    assert "self_attn.qkv_proj.weight'" in message and "k_proj" not in message, message
+
+
 def test_vllm_names_each_file_says_where_its_own_piece_lies(tmp_path: Path) -> None:
     """torch's DCP_SHARDING_INFO: one entry per name per file, each the offset of the piece
     that file holds."""

@@ -63,8 +63,12 @@ def generate(model: Path, load_format: str, *, tp: int = 1, pp: int = 1,
     request = {"model": str(model), "load_format": load_format, "tp": tp, "pp": pp,
                "extra": extra, "prompts": PROMPTS, "max_tokens": 8,
                "quantization": quantization, "generate": generate}
+    # The engine core in this process: the prompts are scheduled together, every run alike
+    # (with its own process, a run may prefill one prompt alone before the other arrives, and
+    # the differently batched decode gives other low bits of the logprobs).
     environment = {**os.environ, "SHARDSPEC_VLLM_CHECK_BOXES": "1" if check_boxes else "0",
-                   "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+                   "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                   **(env or {})}
     environment.pop("PYTHONPATH", None)
     proc = subprocess.run([str(vllm_python()), str(RUNNER), json.dumps(request)], env=environment,
                           capture_output=True, text=True, timeout=900)

@@ -75,7 +75,7 @@ from .from_hf_distributed import SHARDING_INFO_KEY
 from .hf import HFSource, OutTensor, iter_box, write_safetensors
 from .plan import LM_HEAD, Split, Tied, plan_splits
 from .tp_plan import PlanError, PlanWarning, TPPlan
-from .vllm_names import Constant, Fused, fuse_for_vllm
+from .vllm_names import Constant, Fused, fuse_for_vllm, vllm_name
 
 __all__ = ["NAME_STYLES", "convert"]
 
@@ -233,6 +233,8 @@ def convert(
         max_file_size=max_file_size, file_names="torch" if torch_names else "shardspec",
     )
     for notice in planned.notices:  # once every check has passed: the layout is written
+        if names == "vllm":  # the tensors it names as they are written
+            notice = re.sub(r"'([^']+)'", lambda m: repr(vllm_name(m.group(1))), notice)
         warnings.warn(notice, PlanWarning, stacklevel=2)
     with tempfile.TemporaryDirectory(prefix="shardspec-convert-") as folder:
         if quantize == "fp8" and "config.json" in extras:

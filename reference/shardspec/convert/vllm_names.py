@@ -45,7 +45,7 @@ from .plan import Split, Tied
 from .tp_plan import PlanError
 
 __all__ = ["ATTENTION_SCALES", "VOCAB_PADDING", "Constant", "Fused", "PaddedVocab",
-           "fuse_for_vllm", "vocab_rows"]
+           "fuse_for_vllm", "vllm_name", "vocab_rows"]
 
 
 #: vLLM's fusions: (module suffix of the fused parameter, the Hugging Face modules it joins).
@@ -195,6 +195,24 @@ def _config_int(config: Mapping[str, Any], key: str) -> int:
     return value
 
 
+def _fusion_of(name: str) -> tuple[str, list[str]] | None:
+    """The fused tensor a Hugging Face projection goes into, and all the projections it joins;
+    None for a tensor vLLM does not fuse."""
+    module, _, leaf = name.rpartition(".")
+    for fused, joined in _VLLM_FUSIONS:
+        for part in joined:
+            if module == part or module.endswith("." + part):
+                prefix = module[:len(module) - len(part)]
+                return f"{prefix}{fused}.{leaf}", [f"{prefix}{m}.{leaf}" for m in joined]
+    return None
+
+
+def vllm_name(name: str) -> str:
+    """The name ``names="vllm"`` writes ``name`` under: its fused tensor's, or its own."""
+    fusion = _fusion_of(name)
+    return name if fusion is None else fusion[0]
+
+
 def fuse_for_vllm(splits: dict[str, Split | Tied], config: Mapping[str, Any] | None,
                   tp_size: int, *, rank_local: bool = False
                   ) -> dict[str, Split | Tied | Fused | Constant]:
@@ -222,22 +240,18 @@ def fuse_for_vllm(splits: dict[str, Split | Tied], config: Mapping[str, Any] | N
     fused_at: dict[str, str] = {}       # member name -> fused name
     groups: dict[str, list[str]] = {}   # fused name -> member names
     for name in splits:
-        module, _, leaf = name.rpartition(".")
-        for fused, joined in _VLLM_FUSIONS:
-            for part in joined:
-                if module == part or module.endswith("." + part):
-                    prefix = module[:len(module) - len(part)]
-                    fused_name = f"{prefix}{fused}.{leaf}"
-                    wanted = [f"{prefix}{m}.{leaf}" for m in joined]
-                    missing = [w for w in wanted if w not in splits]
-                    if missing:
-                        raise PlanError(f"names='vllm': {name!r} is fused with {missing} into "
-                                        f"{fused_name!r}, but the checkpoint lacks them")
-                    if fused_name in splits:
-                        raise PlanError(f"names='vllm': the checkpoint already holds "
-                                        f"{fused_name!r}")
-                    fused_at[name] = fused_name
-                    groups[fused_name] = wanted
+        fusion = _fusion_of(name)
+        if fusion is None:
+            continue
+        fused_name, wanted = fusion
+        missing = [w for w in wanted if w not in splits]
+        if missing:
+            raise PlanError(f"names='vllm': {name!r} is fused with {missing} into "
+                            f"{fused_name!r}, but the checkpoint lacks them")
+        if fused_name in splits:
+            raise PlanError(f"names='vllm': the checkpoint already holds {fused_name!r}")
+        fused_at[name] = fused_name
+        groups[fused_name] = wanted
     if not groups:
         raise PlanError("names='vllm' found no q/k/v or gate/up projections to fuse; use "
                         "names='hf'")

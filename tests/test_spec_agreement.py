@@ -220,6 +220,40 @@ def test_every_section_cited_in_code_and_schema_exists_in_spec() -> None:
     assert not missing, f"cited sections without a SPEC.md heading: {missing}"
 
 
+_RULE_CITATION = re.compile(r"SPEC \[?(\d+\.\d+)\]?(?:\([^)\s]*\))? rules? (\d+)"
+                            r"((?:(?:, | and |–)\d+(?![.\d]))*)")
+
+
+def _rules(number: str) -> set[int]:
+    """The numbers of a section's numbered rules (its top-level ordered list)."""
+    return {int(m) for m in re.findall(r"^(\d+)\. ", section_body(spec_text(), number), re.M)}
+
+
+def test_every_rule_cited_as_spec_section_rule_exists() -> None:
+    """``SPEC 11.3 rule 11`` in code, docs or tests names a numbered rule of that section
+    (the changelog once cited a rule that SPEC.md did not have)."""
+    files = [*PACKAGE.rglob("*.py"), *(ROOT / "docs").rglob("*.md"), *(ROOT / "tests").glob(
+        "*.py"), *(ROOT / "conformance").rglob("*.py"), ROOT / "README.md", SPEC_PATH]
+    missing = set()
+    for path in files:
+        for match in _RULE_CITATION.finditer(path.read_text(encoding="utf-8")):
+            cited = {int(match[2]), *map(int, re.findall(r"\d+", match[3]))}
+            missing |= {(str(path.relative_to(ROOT)), match[1], n)
+                        for n in cited - _rules(match[1])}
+    assert not missing, f"rules cited that their SPEC.md section does not have: {missing}"
+
+
+def test_attention_head_names_in_spec_equal_the_heads_module() -> None:
+    """SPEC 11.3 rule 11's informative names are the ones format/heads.py knows."""
+    from shardspec.format import heads
+
+    rule = section_body(spec_text(), "11.3").split("11. *Attention heads.*")[1]
+    informative = rule.split("*Informative:*")[1].split("It reads")[0]
+    split, fused = informative.split("heads);")
+    assert set(re.findall(r"`(\w+)`", split)) == heads._QUERY | heads._KV | heads._OUTPUT
+    assert set(re.findall(r"`(\w+)`", fused)) == heads._FUSED
+
+
 def test_limit_comments_cite_existing_sections() -> None:
     numbers = set(headings(spec_text()))
     assert set(limit_sections()) == set(limits.__all__)

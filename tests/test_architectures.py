@@ -185,3 +185,26 @@ def test_served_from_a_checkpoint_converted_with_no_plan_like_auto(
     got = generate(ckpt, "shardspec", tp=engine_tp)
     assert got.tokens == want.tokens  # type: ignore[attr-defined]
     assert got.logprobs == want.logprobs  # type: ignore[attr-defined]
+
+
+@pytest.mark.vllm
+def test_gemma2_with_its_lm_head_written_untied_serves_like_auto(
+        saved: dict[str, Path], baselines: dict[tuple[str, int], object]) -> None:
+    """``convert --untie-embeddings`` (for transformers) writes Gemma 2's tied LM head as a
+    tensor of its own. vLLM then unties the config, but its Gemma 2 has no LM head to take the
+    tensor; the plugin keeps the tie config.json declares and serves with the embedding."""
+    from vllm_engine import generate
+
+    arch = BY_TYPE["gemma2"]
+    hf = _hf(saved, arch)
+    ckpt = hf.parent / "gemma2-untied"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        convert(hf, ckpt, tp_size=2, untie_embeddings=True)
+    assert "lm_head.weight" in {n for f in ckpt.glob("*.safetensors") for n in load_file(f)}
+    if (arch.model_type, 1) not in baselines:
+        baselines[arch.model_type, 1] = generate(hf, "auto", tp=1)
+    want = baselines[arch.model_type, 1]
+    got = generate(ckpt, "shardspec", tp=1)
+    assert got.tokens == want.tokens  # type: ignore[attr-defined]
+    assert got.logprobs == want.logprobs  # type: ignore[attr-defined]

@@ -87,7 +87,7 @@ class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has n
         rank = _engine_rank()
         started = time.perf_counter()
         stats = ReadStats()
-        config = model_config.hf_config.to_dict()
+        config = _declared_config(model_config)
         own = own_rank(checkpoint.manifest, rank)
         whole_rank = own is not None and is_own_state(
             checkpoint.manifest, own, rank,
@@ -106,7 +106,7 @@ class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has n
             if checkpoint.is_remote:
                 try:  # to check the shapes only: every tensor goes through load_weights
                     _recorded(checkpoint, model, rank, config,
-                              _stand_ins(checkpoint.manifest, model), _targets(model))
+                              _stand_ins(checkpoint.manifest, model, config), _targets(model))
                 except RecordingFailed as error:
                     logger.warning("shardspec: the model's load_weights could not be recorded "
                                    "(%s); the checkpoint's shapes are not checked", error)
@@ -171,13 +171,13 @@ def _targets(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _stand_ins(manifest: Manifest, model: nn.Module) -> list[StandIn]:
+def _stand_ins(manifest: Manifest, model: nn.Module, config: dict[str, Any]) -> list[StandIn]:
     """What ``load_weights`` is handed, as :func:`global_tensors` hands it: every tensor of
     the worker's pipeline stage, in the torch layout of its global shape."""
     from vllm.model_executor.models.utils import is_pp_missing_parameter
 
     out = []
-    for name in _handed_names(manifest, model):
+    for name in _handed_names(manifest, model, config):
         if is_pp_missing_parameter(name, model):
             continue
         entry = manifest.tensors[name]
@@ -189,7 +189,18 @@ def _stand_ins(manifest: Manifest, model: nn.Module) -> list[StandIn]:
     return out
 
 
-def _handed_names(manifest: Manifest, model: nn.Module) -> list[str]:
+def _declared_config(model_config: ModelConfig) -> dict[str, Any]:
+    """The model's config as vLLM holds it, with the embedding tie that config.json declares:
+    vLLM unties a tied model whose checkpoint holds an LM head (``--untie-embeddings``) and
+    says so in ``word_embeddings_untied_by_checkpoint``; a model with no LM head of its own
+    (Gemma 2) still computes logits with the embedding, so the head is not handed to it."""
+    config: dict[str, Any] = model_config.hf_config.to_dict()
+    if getattr(model_config, "word_embeddings_untied_by_checkpoint", False):
+        config["tie_word_embeddings"] = True
+    return config
+
+
+def _handed_names(manifest: Manifest, model: nn.Module, config: dict[str, Any]) -> list[str]:
     """The names ``load_weights`` is handed: every tensor's, but the LM head's where it is
     tied to the embedding and the model has no LM head of its own (Gemma's classes compute
     logits with the embedding and refuse the name). Hugging Face files of a tied model hold
@@ -200,8 +211,9 @@ def _handed_names(manifest: Manifest, model: nn.Module) -> list[str]:
     entry = manifest.tensors[LM_HEAD]
     aliased = isinstance(entry, Alias) or any(
         isinstance(e, Alias) and e.alias_of == LM_HEAD for e in manifest.tensors.values())
-    config = getattr(model, "config", None)
-    if aliased or getattr(config, "tie_word_embeddings", False):
+    own_config = getattr(model, "config", None)  # a text config, in multimodal classes
+    if aliased or config.get("tie_word_embeddings", False) or \
+            getattr(own_config, "tie_word_embeddings", False):
         names.remove(LM_HEAD)
     return names
 
@@ -231,7 +243,7 @@ def _record_plan(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
     """Record where ``load_weights`` puts each tensor (refused where the model disagrees with
     the checkpoint's shapes) and lower that to reads; where it cannot be recorded or replayed,
     a plan that hands every tensor to ``load_weights``."""
-    stand_ins = _stand_ins(checkpoint.manifest, model)
+    stand_ins = _stand_ins(checkpoint.manifest, model, config)
     try:
         recording = _recorded(checkpoint, model, rank, config, stand_ins, targets)
         _check_all_loaded(model, recording.loaded, checkpoint)
@@ -352,7 +364,7 @@ def worker_boxes(manifest: Manifest, model: nn.Module, rank: EngineRank, config:
                            expert_count=expert_count(config))
     wanted: dict[str, tuple[str, Box]] = {}
     boxes: dict[str, Box] = {}
-    for name in _handed_names(manifest, model):
+    for name in _handed_names(manifest, model, config):
         if is_pp_missing_parameter(name, model):
             continue
         entry = manifest.tensors[name]

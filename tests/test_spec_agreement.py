@@ -224,9 +224,11 @@ _RULE_CITATION = re.compile(r"SPEC \[?(\d+\.\d+)\]?(?:\([^)\s]*\))? rules? (\d+)
                             r"((?:(?:, | and |–)\d+(?![.\d]))*)")
 
 
-def _rules(number: str) -> set[int]:
+@cache
+def _rules(number: str) -> frozenset[int]:
     """The numbers of a section's numbered rules (its top-level ordered list)."""
-    return {int(m) for m in re.findall(r"^(\d+)\. ", section_body(spec_text(), number), re.M)}
+    return frozenset(int(m) for m in re.findall(r"^(\d+)\. ", section_body(spec_text(), number),
+                                                 re.M))
 
 
 def test_every_rule_cited_as_spec_section_rule_exists() -> None:

@@ -238,7 +238,10 @@ class Wide(nn.Module):
     def __init__(self, rank: int) -> None:
         super().__init__()
         self.rank = rank
-        self.w = nn.Parameter(torch.empty(1536 + 1, 2048, dtype=torch.bfloat16)[1:], False)
+        # Mid-page whatever the allocator returns (a page-aligned block happens now and then).
+        block = torch.empty(1536 * 2048 + 2048, dtype=torch.bfloat16)
+        start = (2048 - block.data_ptr() % 4096) % 4096 // block.element_size()
+        self.w = nn.Parameter(block[start:start + 1536 * 2048].view(1536, 2048), False)
         self.b = nn.Parameter(torch.empty(1024, dtype=torch.bfloat16), False)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

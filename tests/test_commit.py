@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from shardspec.storage.commit import TEMP_SUFFIX, commit_manifest, uncommit, write_durably
+from shardspec.storage.commit import (
+    LEFTOVER,
+    TEMP_SUFFIX,
+    commit_manifest,
+    uncommit,
+    write_durably,
+)
 
 
 def test_write_durably_renames_into_place(tmp_path: Path) -> None:
@@ -18,7 +24,10 @@ def test_write_durably_renames_into_place(tmp_path: Path) -> None:
 
     write_durably(tmp_path / "model-rank-0-part-0.safetensors", write)
     (temp,) = seen
-    assert temp.name == f".model-rank-0-part-0.safetensors{TEMP_SUFFIX}"
+    # a new name each write, created here (never a name planted beforehand), that LEFTOVER
+    # matches: an interrupted write's temporary is removed by the next write
+    assert temp.name.startswith(".model-rank-0-part-0.safetensors.")
+    assert temp.name.endswith(TEMP_SUFFIX) and LEFTOVER.match(temp.name)
     assert temp.parent == tmp_path and not temp.exists()
     assert (tmp_path / "model-rank-0-part-0.safetensors").read_bytes() == b"data"
 

@@ -322,14 +322,7 @@ def write_safetensors(
         result.update(size=size, sha256=digest.hexdigest())
 
     write_durably(path, write)
-    _make_readable(path)
     return result["size"], result["sha256"]
-
-
-def _make_readable(path: Path) -> None:
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o666 & ~umask)
 
 
 def plan_hf_shards(sizes: Sequence[tuple[str, int]], max_shard_size: int) -> list[list[str]]:
@@ -361,7 +354,6 @@ def write_hf_index(root: Path, weight_map: Mapping[str, str], total_size: int) -
         temp.write_text(text, encoding="utf-8")
 
     write_durably(root / HF_INDEX, write)
-    _make_readable(root / HF_INDEX)
     fsync_dir(root)
 
 

@@ -24,7 +24,7 @@ from ..format.errors import raise_first_error
 from ..format.integrity import digest_stream
 from ..format.manifest import Alias, FileRecord, Manifest, TensorRecord
 from ..reader import open_checkpoint
-from ..storage.commit import fsync_dir, uncommit, write_durably
+from ..storage.commit import fsync_dir, uncommit, write_inside
 from ..storage.paths import resolve_inside
 from ..validate import validate
 from ..write.save import claim_directory
@@ -240,8 +240,6 @@ def _bind(function: Callable[[str], Iterator[bytes | bytearray]], name: str
 def _copy_verified(source_root: Path, root: Path, record: FileRecord) -> None:
     """Copy an extra file, checking its size and sha256 against the manifest."""
     source = resolve_inside(source_root, record.path)
-    target = root / record.path
-    target.parent.mkdir(parents=True, exist_ok=True)
 
     def copy(temp: Path) -> None:
         shutil.copyfile(source, temp)
@@ -252,5 +250,4 @@ def _copy_verified(source_root: Path, root: Path, record: FileRecord) -> None:
             raise HFError(f"extra file {record.path}: its size or sha256 differs from the "
                           "manifest (SPEC 9)")
 
-    write_durably(target, copy)
-    fsync_dir(target.parent)
+    write_inside(root, record.path, copy)

@@ -6,6 +6,7 @@ same way, last. A crash at any point leaves either the old manifest with its fil
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -13,12 +14,15 @@ import stat
 from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
+from ..format.errors import Finding, PathError
 from ..format.limits import MANIFEST_NAME
 from ..format.manifest import Manifest
+from .entries import create_temporary, folder_inside, readable_mode
 
 __all__ = ["CLAIM_NAME", "LEFTOVER", "TEMP_SUFFIX", "claim_bytes", "claimed_names",
            "commit_manifest", "drop_claim", "foreign_weights", "fsync_dir", "interrupted_write",
-           "read_claim", "removable", "uncommit", "write_claim", "write_durably"]
+           "read_claim", "removable", "uncommit", "write_claim", "write_durably",
+           "write_inside"]
 
 #: Temporary files start with '.' and end with this, so no reader or vLLM glob matches them.
 TEMP_SUFFIX = ".shardspec-tmp"
@@ -33,6 +37,8 @@ LEFTOVER = re.compile(r"^model-rank-\d+-.*\.safetensors$|^\..*" + re.escape(TEMP
 #: this hidden file before it writes the first, and removes it after its manifest: what a claim
 #: lists is provably the writer's own, so an interrupted write's files may be replaced.
 CLAIM_NAME = ".shardspec-writing"
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 #: The longest claim read back (a larger one claims nothing).
 _CLAIM_LIMIT = 64 << 20
@@ -130,27 +136,59 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_durably(final: Path, write: Callable[[Path], object]) -> None:
     """Run ``write(temp_path)``, sync the result and rename it to ``final`` (SPEC 10.1).
 
-    The directory itself is synced by the caller, once for a batch of files.
+    The temporary file is created here, under a new random name with ``O_EXCL|O_NOFOLLOW``, so
+    that a link planted in the target is never written through; its mode and sync go through
+    a descriptor, and it is renamed only if the name holds a regular file (``write`` may
+    rename its own file over it, as safetensors does). The directory itself is synced by the
+    caller, once for a batch of files.
     """
-    temp = final.with_name(f".{final.name}{TEMP_SUFFIX}")
+    fd, temp = create_temporary(final.parent, final.name, TEMP_SUFFIX)
+    os.close(fd)
     try:
         write(temp)
-        _fsync_file(temp)
+        written = _open_written(temp, final)
+        try:
+            os.fchmod(written, readable_mode())
+            os.fsync(written)
+        finally:
+            os.close(written)
         os.replace(temp, final)
     except BaseException:
-        temp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
         raise
+
+
+def _open_written(temp: Path, final: Path) -> int:
+    """A descriptor of the file ``write`` left at ``temp``, which must be a regular file: a
+    link there was not ours to rename into place."""
+    try:
+        fd = os.open(temp, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        fd = -1
+    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd >= 0:
+            os.close(fd)
+        raise PathError(Finding(code="path-escapes", file=str(final), message=(
+            f"{temp} was replaced while it was written (not a regular file now): nothing is "
+            "renamed into place")))
+    return fd
+
+
+def write_inside(root: Path, relative: str, write: Callable[[Path], object], *,
+                 sync_folder: bool = True) -> Path:
+    """:func:`write_durably` at ``root/relative``, every folder on the way created or checked
+    to be a real folder of ``root`` (never a link out of it); the file's path."""
+    folder = folder_inside(root, relative, create=True)
+    assert folder is not None
+    final = folder / relative.rsplit("/", 1)[-1]
+    write_durably(final, write)
+    if sync_folder:
+        fsync_dir(folder)
+    return final
 
 
 def commit_manifest(root: Path, manifest_json: bytes) -> None:

@@ -11,11 +11,8 @@ none: it is never taken for the checkpoint's.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +28,7 @@ from ..format.integrity import Digests, check_digests
 from ..format.limits import MANIFEST_NAME, MAX_MANIFEST_BYTES
 from ..format.manifest import FileRecord, Manifest
 from ..format.parse import parse_manifest
+from .commit import write_inside
 from .location import Location, PathOrURL, locate
 from .paths import open_inside
 from .remote import RemoteRoot
@@ -90,10 +88,10 @@ def fetch_config(source: PathOrURL, target: str | os.PathLike[str], *,
     out.mkdir(parents=True, exist_ok=True)
     for record in manifest.extra_files:
         body = _read_extra(root, record)
-        _write_inside(out, record.path, body)
+        _write(out, record.path, body)
         result.files.append(record.path)
         result.bytes_written += len(body)
-    _write_inside(out, MANIFEST_NAME, data)
+    _write(out, MANIFEST_NAME, data)
     result.files.append(MANIFEST_NAME)
     result.bytes_written += len(data)
     written = set(result.files)
@@ -152,34 +150,7 @@ def _read_extra(root: Location, record: FileRecord) -> bytes:
     return body
 
 
-def _write_inside(out: Path, relative: str, data: bytes) -> None:
-    """``data`` as ``out/relative``, written to a temporary file beside it and renamed over:
-    every folder on the way is created or checked to be a real folder inside ``out`` (no
-    symlink is followed), and the name itself is replaced, never written through."""
-    parts = relative.split("/")
-    folder = out
-    for part in parts[:-1]:
-        folder = folder / part
-        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-            raise PathError(Finding(
-                code="path-escapes", file=relative,
-                message=f"{folder} is not a folder of {out} (a symlink or a file)"))
-        folder.mkdir(exist_ok=True)
-    with _temporary(folder, parts[-1]) as (handle, temporary):
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-        handle.close()
-        os.replace(temporary, folder / parts[-1])
-
-
-@contextlib.contextmanager
-def _temporary(folder: Path, name: str) -> Iterator[tuple[Any, str]]:
-    fd, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder)
-    handle = os.fdopen(fd, "wb")
-    try:
-        yield handle, temporary
-    finally:
-        handle.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
+def _write(out: Path, relative: str, data: bytes) -> None:
+    """``data`` as ``out/relative``: no folder on the way nor the name itself is followed
+    (:func:`~shardspec.storage.commit.write_inside`)."""
+    write_inside(out, relative, lambda temp: temp.write_bytes(data))

@@ -29,9 +29,9 @@ from ..storage.commit import (
     uncommit,
     write_claim,
 )
+from ..storage.entries import remove_entry
 from ..storage.location import Location
 from ..storage.manifest_file import read_manifest
-from ..storage.paths import resolve_inside
 from ..storage.remote import RemoteRoot
 from ..storage.remote_write import commit_remote, prepare_prefix
 
@@ -102,10 +102,7 @@ def prepare_directory(root: Location, overwrite: bool, claim: Collection[str] = 
         return
     uncommit(root)  # from here on a crash leaves no manifest, never a stale one
     for name in sorted(stale - {CLAIM_NAME}):
-        try:
-            resolve_inside(root, name).unlink()
-        except Exception:  # noqa: BLE001 - a stale file that cannot be resolved is left alone
-            continue
+        remove_entry(root, name)  # the entry: a link's target is not the writer's to remove
     fsync_dir(root)
     if claim and pending != set(claim):
         write_claim(root, claim)  # the old files are gone: the claim lists the new ones

@@ -37,7 +37,7 @@ from ..format.manifest import (
     format_version,
 )
 from ..format.schema import schema_findings
-from ..storage.commit import fsync_dir, write_durably
+from ..storage.commit import write_inside
 from ..storage.location import Location, PathOrURL, locate
 from ..storage.remote import RemoteRoot
 from ..storage.remote_write import upload_file, write_object
@@ -450,19 +450,10 @@ def place_file(root: Location, relative: str, write: Callable[[Path], object]) -
     (SPEC 10.1) or as one upload to object storage (10.4); its record from the bytes placed."""
     if isinstance(root, RemoteRoot):
         return write_object(root, relative, write)
-    path = root / relative
-    write_durably(path, write)
-    _make_readable(path)
+    path = write_inside(root, relative, write, sync_folder=False)
     with path.open("rb") as handle:
         digests, size = digest_stream(handle)
     return FileRecord(path=relative, size=size, checksums=digests)
-
-
-def _make_readable(path: Path) -> None:
-    """Give a written file the usual permissions (the creating library may use 0600)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o666 & ~umask)
 
 
 def extra_sources(
@@ -496,13 +487,10 @@ def copy_extra_files(root: Location, sources: Mapping[str, Path]) -> list[FileRe
 
 
 def _copy_extra(root: Path, name: str, source: Path) -> FileRecord:
-    target = root / name
-    target.parent.mkdir(parents=True, exist_ok=True)
     def copy(temp: Path) -> None:
         shutil.copyfile(source, temp)
 
-    write_durably(target, copy)
-    fsync_dir(target.parent)
+    target = write_inside(root, name, copy)
     with target.open("rb") as handle:
         digests, size = digest_stream(handle)
     return FileRecord(path=name, size=size, checksums=digests)

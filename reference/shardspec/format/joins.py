@@ -37,6 +37,11 @@ def join_of(pieces: Sequence[Piece], bits: int = 8) -> Join | str:
     first = pieces[0]
     if first.offset is None or not first.shape:
         return "only pieces of a global tensor of one dimension or more can be joined"
+    # a piece whose offset and shape disagree in length is piece-bounds (SPEC 7.2), reported
+    # by the bounds check: the checks run on every piece, in bounds or not
+    if any(p.offset is None or not len(p.offset) == len(p.shape) == len(first.shape)
+           for p in pieces):
+        return "their offsets and shapes do not all have the same number of dimensions"
     differing = [d for d in range(len(first.shape))
                  if any(p.offset is None or p.offset[d] != first.offset[d] for p in pieces)]
     if len(differing) != 1:

@@ -12,13 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import shardspec
 from conftest import make_tiny, read_manifest_dict, write_manifest_dict
+from shardspec import Layout, Shard
 from shardspec.cli import app
 from shardspec.format.errors import ShardspecError
 from shardspec.format.parse import parse_manifest
+from shardspec.reshard.write import reshard
 
 runner = CliRunner()
 
@@ -58,3 +61,28 @@ def test_a_short_offset_among_several_pieces_is_piece_bounds(tmp_path: Path) -> 
     report = cli_json("validate", str(tiny.path))
     assert report["valid"] is False and "piece-bounds" in json.dumps(report)
     assert "piece-bounds" in json.dumps(cli_json("inspect", str(tiny.path)))
+
+
+# --- item 8: sub-byte joins of a tensor with no elements -------------------------------------
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_a_sub_byte_join_with_no_elements_loads_empty(tmp_path: Path, dim: int) -> None:
+    """SPEC 7.7: a reader returns a zero-element tensor. validate said valid, and the writer
+    and load_rank raised torch's "cannot reshape tensor of 0 elements"."""
+    shape = (0, 8) if dim == 1 else (4, 0)
+    value = torch.empty((shape[0], shape[1] // 2), dtype=torch.uint8).view(
+        torch.float4_e2m1fn_x2)
+    half = [0, 0]
+    half[dim] = shape[dim] // 2
+    pieces = [Shard(shape, (0, 0), shape=(*shape[:dim], half[dim], *shape[dim + 1:])),
+              Shard(shape, tuple(half), shape=(*shape[:dim], half[dim], *shape[dim + 1:]))]
+    shardspec.save({0: {"w": value}}, tmp_path / "c", layout=Layout(tp_size=1),
+                   sharding={0: {"w": pieces}})
+    assert shardspec.validate(tmp_path / "c", checksums=True).ok
+    got = shardspec.load_rank(tmp_path / "c", 0, "cpu", verify=True)["w"]
+    assert got.dtype == torch.float4_e2m1fn_x2 and got.numel() == 0
+    assert tuple(got.shape) == tuple(value.shape)
+    reshard(tmp_path / "c", tmp_path / "r", Layout(tp_size=2))
+    for rank in range(2):
+        assert shardspec.load_rank(tmp_path / "r", rank, "cpu")["w"].numel() == 0

@@ -112,9 +112,11 @@ def _join(parts: list[torch.Tensor], join: Join, dtype: DType) -> torch.Tensor:
     rule 7)."""
     if dtype.bits >= 8:
         return torch.cat(parts, dim=join.dim)
+    torch_dtype, shape = torch_layout(dtype, join.shape)
+    if not math.prod(join.shape):  # no elements (SPEC 7.7): no rows of bytes to lay out
+        return torch.empty(shape, dtype=torch_dtype, device=parts[0].device)
     outer = math.prod(join.shape[:join.dim])
     rows = [p.contiguous().reshape(-1).view(torch.uint8).reshape(outer, -1) for p in parts]
-    torch_dtype, shape = torch_layout(dtype, join.shape)
     return torch.cat(rows, dim=1).reshape(-1).view(torch_dtype).reshape(shape)
 
 

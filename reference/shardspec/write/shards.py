@@ -50,10 +50,12 @@ def piece_of_value(value: torch.Tensor, dtype: str, cut: Cut) -> torch.Tensor:
     spec = DTYPES[dtype]
     if spec.bits >= 8:
         return value.narrow(dim, start, length)
+    torch_dtype, torch_shape = torch_layout(spec, (*shape[:dim], length, *shape[dim + 1:]))
+    if not math.prod(shape):  # no elements (SPEC 7.7): no rows of bytes to cut
+        return torch.empty(torch_shape, dtype=torch_dtype, device=value.device)
     inner = math.prod(shape[dim + 1:]) * spec.bits
     rows = value.contiguous().reshape(-1).view(torch.uint8).reshape(math.prod(shape[:dim]), -1)
     piece = rows[:, start * inner // 8:(start + length) * inner // 8]
-    torch_dtype, torch_shape = torch_layout(spec, (*shape[:dim], length, *shape[dim + 1:]))
     return piece.contiguous().reshape(-1).view(torch_dtype).reshape(torch_shape)
 
 

@@ -7,21 +7,26 @@ file silently dropped.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
 import shardspec
-from conftest import make_tiny, read_manifest_dict, write_manifest_dict
+from conftest import make_tiny, manifest_bytes, read_manifest_dict, write_manifest_dict
 from shardspec import Layout, Shard
 from shardspec.cli import app
 from shardspec.format.errors import ShardspecError
 from shardspec.format.parse import parse_manifest
 from shardspec.reshard.write import reshard
+from shardspec.storage.fetch_config import fetch_config
+
+if TYPE_CHECKING:
+    from s3_server import S3Server
 
 runner = CliRunner()
 
@@ -86,3 +91,64 @@ def test_a_sub_byte_join_with_no_elements_loads_empty(tmp_path: Path, dim: int) 
     reshard(tmp_path / "c", tmp_path / "r", Layout(tp_size=2))
     for rank in range(2):
         assert shardspec.load_rank(tmp_path / "r", rank, "cpu")["w"].numel() == 0
+
+
+# --- item 9: a listed path under another listed path or under the manifest -------------------
+
+
+def extra(path: str, data: bytes = b"{}") -> dict[str, Any]:
+    return {"path": path, "size": len(data),
+            "checksums": {"sha256": hashlib.sha256(data).hexdigest()}}
+
+
+@pytest.mark.parametrize("paths", [["shardspec.json/x"], ["a", "a/b"], ["a/b/c", "a/b"],
+                                   ["model-rank-0-part-0.safetensors/config.json"]])
+def test_a_path_under_a_listed_path_is_path_unsafe(manifest_dict: dict[str, Any],
+                                                   paths: list[str]) -> None:
+    """SPEC 2.1 rule 6: a checkpoint that validated in object storage (which holds both keys)
+    could not be copied into a directory."""
+    manifest_dict["extra_files"] = [extra(p) for p in paths]
+    found = parse_manifest(manifest_bytes(manifest_dict)).findings
+    assert [f.code for f in found] == ["path-unsafe"], found
+    assert "SPEC 2.1 rule 6" in found[0].message and found[0].file == max(paths, key=len)
+
+
+def test_fetch_config_refuses_a_path_under_the_manifest(
+        s3_server: S3Server, s3_bucket: str, tmp_path: Path) -> None:
+    """fetch-config left a folder named shardspec.json in the target and failed naming a
+    temporary .part file."""
+    url = f"s3://{s3_bucket}/ck"
+    options = s3_server.storage_options()
+    saved = shardspec.save({0: {"w": torch.zeros(2)}}, url, layout=Layout(tp_size=1),
+                           storage_options=options)
+    key = "ck/shardspec.json"
+    data = json.loads(saved.to_json())
+    data["extra_files"] = [extra("shardspec.json/x")]
+    s3_server.put_object(s3_bucket, "ck/shardspec.json/x", b"{}")
+    s3_server.put_object(s3_bucket, key, manifest_bytes(data))
+    out = tmp_path / "local"
+    with pytest.raises(ShardspecError) as excinfo:
+        fetch_config(url, out, storage_options=options)
+    assert excinfo.value.code == "path-unsafe" and "shardspec.json/x" in str(excinfo.value)
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_fetch_config_checks_every_folder_before_writing(s3_server: S3Server, s3_bucket: str,
+                                                         tmp_path: Path) -> None:
+    """A linked folder on the path of a later extra file: refused before the first is
+    written."""
+    url = f"s3://{s3_bucket}/ck"
+    options = s3_server.storage_options()
+    for name in ("a.json", "z.json"):
+        (tmp_path / name).write_text("{}")
+    shardspec.save({0: {"w": torch.zeros(2)}}, url, layout=Layout(tp_size=1),
+                   storage_options=options, extra_files={
+                       "a.json": tmp_path / "a.json", "sub/z.json": tmp_path / "z.json"})
+    out, outside = tmp_path / "local", tmp_path / "outside"
+    out.mkdir()
+    outside.mkdir()
+    (out / "sub").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(ShardspecError) as excinfo:
+        fetch_config(url, out, storage_options=options, overwrite=True)
+    assert excinfo.value.code == "path-escapes"
+    assert sorted(p.name for p in out.iterdir()) == ["sub"] and not any(outside.iterdir())

@@ -534,6 +534,12 @@ def check_paths(m: dict[str, Any]) -> None:
             fail("path-unsafe", f"a listed path is {MANIFEST_NAME}")  # 2.1 rule 3
         if len(path.encode()) > MAX_PATH_BYTES:
             fail("path-unsafe", f"a path is over {MAX_PATH_BYTES} UTF-8 bytes")  # 2.2 rule 1
+    for path in seen:  # 2.1 rule 6: no listed path under another, nor under the manifest
+        segments = path.split("/")
+        for end in range(1, len(segments)):
+            folder = "/".join(segments[:end])
+            if folder in seen or folder == MANIFEST_NAME:
+                fail("path-unsafe", f"{path!r} lies under {folder!r}, a listed file")
     for record in m["tensors"].values():
         for piece in record.get("pieces", []):
             if len(piece["file"].encode()) > MAX_PATH_BYTES:

@@ -256,6 +256,13 @@ def invalid_manifest_vectors() -> list[Vector]:
     ck.m["extra_files"] = [copy.deepcopy(ck.record(F0))]
     add("file-duplicate", "extra-file", "A data file listed again in extra_files, as when a "
         "script globs every file of the directory into the extra files.", ck)
+    ck = tp1.clone()
+    ck.rename_file(F0, f"shardspec.json/{F0}")
+    ck.files[F0] = ck.files.pop(f"shardspec.json/{F0}")  # no directory holds it there
+    add("path-unsafe", "under-manifest", "The data file is listed under shardspec.json, as if "
+        "the manifest were a folder (SPEC 2.1 rule 6): object storage holds both keys, a "
+        "directory cannot. The file lies at the top of the directory, unlisted.", ck,
+        section="2.1")
     path = "/".join(["é" * 120] * 5) + "/" + F0
     ck = tp1.clone()
     ck.rename_file(F0, path)

@@ -98,6 +98,22 @@ def _check_files(m: Manifest) -> Iterator[Finding]:
                           file=record.path, json_path=where)
         else:
             seen[record.path] = where
+    yield from _check_nesting(seen)
+
+
+def _check_nesting(seen: dict[str, str]) -> Iterator[Finding]:
+    """SPEC 2.1 rule 6: no listed path lies under another listed path or the manifest (a
+    folder there cannot also be a file, though object storage holds both keys)."""
+    for path, where in seen.items():
+        segments = path.split("/")
+        for end in range(1, len(segments)):
+            folder = "/".join(segments[:end])
+            if folder == MANIFEST_NAME or folder in seen:
+                what = "the manifest" if folder == MANIFEST_NAME else f"listed at {seen[folder]}"
+                yield Finding(code="path-unsafe", file=path, json_path=f"{where}.path",
+                              message=f"lies under {folder!r} ({what}), which is a file: a "
+                              "path cannot be both a file and a folder (SPEC 2.1 rule 6)")
+                break
 
 
 def _check_tensors(m: Manifest) -> Iterator[Finding]:

@@ -29,6 +29,7 @@ from ..format.limits import MANIFEST_NAME, MAX_MANIFEST_BYTES
 from ..format.manifest import FileRecord, Manifest
 from ..format.parse import parse_manifest
 from .commit import write_inside
+from .entries import folder_inside
 from .location import Location, PathOrURL, locate
 from .paths import open_inside
 from .remote import RemoteRoot
@@ -85,6 +86,8 @@ def fetch_config(source: PathOrURL, target: str | os.PathLike[str], *,
     assert parsed.manifest is not None
     manifest = parsed.manifest
     result = FetchedConfig(str(root), out, manifest, hashlib.sha256(data).hexdigest())
+    for record in manifest.extra_files:  # a link or a file on a path's way: before any write
+        folder_inside(out, record.path, create=False)
     out.mkdir(parents=True, exist_ok=True)
     for record in manifest.extra_files:
         body = _read_extra(root, record)

@@ -14,12 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
+from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 import shardspec
 from conftest import make_tiny, manifest_bytes, read_manifest_dict, write_manifest_dict
 from shardspec import Layout, Shard
 from shardspec.cli import app
+from shardspec.convert.adopt import add_data_file
+from shardspec.convert.hf import HFError
 from shardspec.format.errors import ShardspecError
 from shardspec.format.parse import parse_manifest
 from shardspec.reshard.write import reshard
@@ -152,3 +155,59 @@ def test_fetch_config_checks_every_folder_before_writing(s3_server: S3Server, s3
         fetch_config(url, out, storage_options=options, overwrite=True)
     assert excinfo.value.code == "path-escapes"
     assert sorted(p.name for p in out.iterdir()) == ["sub"] and not any(outside.iterdir())
+
+
+# --- items 10 and 11: import's file names and dimensions --------------------------------------
+
+
+def rank_file(path: Path, tensors: dict[str, torch.Tensor], offsets: dict[str, list[int]]
+              ) -> None:
+    info = {n: {"saved_offsets": o} for n, o in offsets.items()}
+    save_file(tensors, str(path), metadata={"DCP_SHARDING_INFO": json.dumps(info)})
+
+
+def refused_import(root: Path, *words: str) -> None:
+    result = runner.invoke(app, ["import", str(root)])
+    said = result.stdout + result.stderr
+    assert result.exit_code == 2, said
+    assert "internal error" not in said and "Traceback" not in said, said
+    for word in words:
+        assert word in said, said
+    assert not (root / "shardspec.json").exists()
+
+
+@pytest.mark.parametrize("twin", ["model-rank-0-part-0.safetensors\n",
+                                  "model-rank-\u0660-part-0.safetensors"])
+def test_import_takes_no_file_name_twice_as_a_vllm_rank_and_part(tmp_path: Path,
+                                                                  twin: str) -> None:
+    """A trailing newline ($) and Unicode digits: two files read as rank 0's part 0, and the
+    real file was dropped silently."""
+    save_file({"w": torch.ones(2, 2)}, str(tmp_path / "model-rank-0-part-0.safetensors"))
+    save_file({"w": torch.zeros(2, 2)}, str(tmp_path / twin))
+    refused_import(tmp_path, "not vLLM sharded-state files", repr(twin))
+
+
+@pytest.mark.parametrize("twin", ["shard-00001-model-00001-of-00001.safetensors\n",
+                                  "shard-0000\u0661-model-00001-of-00001.safetensors"])
+def test_import_takes_no_file_name_twice_as_a_distributed_rank_and_part(tmp_path: Path,
+                                                                         twin: str) -> None:
+    for name in ("shard-00001-model-00001-of-00001.safetensors", twin):
+        rank_file(tmp_path / name, {"w": torch.ones(2, 8)}, {"w": [0, 0]})
+    refused_import(tmp_path, "weight files besides the per-rank files", repr(twin))
+
+
+def test_two_files_of_one_rank_and_part_are_refused() -> None:
+    files: dict[int, dict[int, str]] = {}
+    add_data_file(files, 0, 0, "a.safetensors")
+    with pytest.raises(HFError, match="'a.safetensors' and 'b.safetensors' are both rank 0's "
+                       "part 0"):
+        add_data_file(files, 0, 0, "b.safetensors")
+
+
+def test_import_names_a_tensor_whose_dimensions_differ_between_files(tmp_path: Path) -> None:
+    """Was "error: zip() argument 2 is shorter than argument 1"."""
+    first = "shard-00001-model-00001-of-00001.safetensors"
+    second = "shard-00002-model-00001-of-00001.safetensors"
+    rank_file(tmp_path / first, {"w": torch.ones(2, 8)}, {"w": [0, 0]})
+    rank_file(tmp_path / second, {"w": torch.ones(2, 8, 1)}, {"w": [2, 0, 0]})
+    refused_import(tmp_path, "tensor 'w' has 2 dimensions in", first, f"3 in {second}")

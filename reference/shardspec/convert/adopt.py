@@ -134,6 +134,16 @@ def missing_numbers(numbers: Collection[int], shown: int = 10) -> str:
     return f"{missing[:shown]}{more}"
 
 
+def add_data_file(files: dict[int, dict[int, str]], rank: int, part: int, name: str) -> None:
+    """File ``name`` as rank ``rank``'s part ``part``; HFError where another file already is
+    (one of them would be dropped silently)."""
+    held = files.setdefault(rank, {})
+    if part in held:
+        raise HFError(f"{held[part]!r} and {name!r} are both rank {rank}'s part {part}: "
+                      "remove or rename one")
+    held[part] = name
+
+
 def check_numbering(files: Mapping[int, Mapping[int, str]]) -> None:
     """Ranks 0..R-1 and each rank's parts 0..P-1, without gaps, else HFError."""
     world = len(files)

@@ -25,14 +25,16 @@ import msgspec
 from ..format.json_text import load_json
 from ..format.manifest import Piece
 from ..format.safetensors_header import Header
-from .adopt import Imported, adopt, adoptable, check_numbering
+from .adopt import Imported, add_data_file, adopt, adoptable, check_numbering
 from .directories import WEIGHT_SUFFIXES, Progress
 from .hf import HFError
 
 __all__ = ["SHARD_FILE", "SHARDING_INFO_KEY", "import_hf_distributed"]
 
 #: torch's name for a rank's file (``_hf_utils.SHARDED_FILE_NAME``): rank S from 1, file C of N.
-SHARD_FILE = re.compile(r"^shard-(\d{5})-model-(\d{5})-of-(\d{5})\.safetensors$")
+#: Matched whole (fullmatch: ``$`` would take a trailing newline), ASCII digits only (``\d``
+#: takes any script's, which int() reads as the same number).
+SHARD_FILE = re.compile(r"shard-([0-9]{5})-model-([0-9]{5})-of-([0-9]{5})\.safetensors")
 
 #: The ``__metadata__`` key of torch's per-entry offsets (``_hf_utils.CUSTOM_METADATA_KEY``).
 SHARDING_INFO_KEY = "DCP_SHARDING_INFO"
@@ -52,13 +54,14 @@ def import_hf_distributed(
     counts: dict[int, set[int]] = {}
     stray = []
     for entry in sorted(os.listdir(root)):
-        match = SHARD_FILE.match(entry)
+        match = SHARD_FILE.fullmatch(entry)
         if match and int(match[1]) > 0 and int(match[2]) > 0:
             rank, part = int(match[1]) - 1, int(match[2]) - 1
-            files.setdefault(rank, {})[part] = entry
+            add_data_file(files, rank, part, entry)
             counts.setdefault(rank, set()).add(int(match[3]))
-        elif entry.endswith(WEIGHT_SUFFIXES) and not entry.endswith(".index.json"):
-            stray.append(entry)
+        elif (entry.endswith(WEIGHT_SUFFIXES) and not entry.endswith(".index.json")) \
+                or (entry.startswith("shard-") and ".safetensors" in entry):
+            stray.append(entry)  # a name almost torch's is no extra file either
     if stray:
         raise HFError(f"{root} holds weight files besides the per-rank files "
                       f"shard-SSSSS-model-CCCCC-of-NNNNN.safetensors: {stray}")
@@ -120,6 +123,11 @@ def _global_shapes(pieces: dict[str, list[Piece]]) -> dict[str, tuple[int, ...] 
     """Each tensor's shape: where its pieces end, dimension by dimension."""
     out: dict[str, tuple[int, ...] | None] = {}
     for name, held in pieces.items():
+        other = next((p for p in held if len(p.shape) != len(held[0].shape)), None)
+        if other is not None:
+            raise HFError(f"tensor {name!r} has {len(held[0].shape)} dimensions in "
+                          f"{held[0].file} and {len(other.shape)} in {other.file}: not pieces "
+                          "of one tensor")
         ends = [tuple(o + s for o, s in zip(p.offset or (), p.shape, strict=True)) for p in held]
         out[name] = tuple(max(column) for column in zip(*ends, strict=True)) if ends[0] else ()
     return out

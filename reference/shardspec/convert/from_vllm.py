@@ -12,14 +12,15 @@ import re
 
 from ..format.manifest import Piece
 from ..format.safetensors_header import Header
-from .adopt import Imported, adopt, adoptable, check_numbering
+from .adopt import Imported, add_data_file, adopt, adoptable, check_numbering
 from .directories import WEIGHT_SUFFIXES, Progress
 from .hf import HFError
 
 __all__ = ["VLLM_FILE", "Imported", "import_vllm"]
 
 
-VLLM_FILE = re.compile(r"^model-rank-(0|[1-9][0-9]*)-part-(0|[1-9][0-9]*)\.safetensors$")
+#: Matched whole (fullmatch: ``$`` would take a trailing newline), ASCII digits only.
+VLLM_FILE = re.compile(r"model-rank-(0|[1-9][0-9]*)-part-(0|[1-9][0-9]*)\.safetensors")
 
 
 def import_vllm(
@@ -42,9 +43,9 @@ def import_vllm(
     files: dict[int, dict[int, str]] = {}
     stray = []
     for entry in sorted(os.listdir(root)):
-        match = VLLM_FILE.match(entry)
+        match = VLLM_FILE.fullmatch(entry)
         if match:
-            files.setdefault(int(match[1]), {})[int(match[2])] = entry
+            add_data_file(files, int(match[1]), int(match[2]), entry)
         elif (entry.endswith(WEIGHT_SUFFIXES) and not entry.endswith(".index.json")) \
                 or entry.startswith("model-rank-"):
             stray.append(entry)

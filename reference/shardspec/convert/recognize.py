@@ -45,8 +45,8 @@ def what_it_is(path: str | os.PathLike[str]) -> str:
         raise HFError(f"{root}: what an interrupted shardspec write left ({CLAIM_NAME} lists "
                       "the files it was writing), not a save to adopt: write it again, which "
                       "replaces them")
-    vllm = any(VLLM_FILE.match(n) for n in names)
-    distributed = any(SHARD_FILE.match(n) for n in names)
+    vllm = any(VLLM_FILE.fullmatch(n) for n in names)
+    distributed = any(SHARD_FILE.fullmatch(n) for n in names)
     if vllm and distributed:
         raise HFError(f"{root} holds both vLLM sharded-state files (model-rank-R-part-P) and "
                       "distributed Hugging Face files (shard-S-model-C-of-N): import one kind "

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,8 +25,10 @@ from shardspec import Layout, Shard
 from shardspec.cli import app
 from shardspec.convert.adopt import add_data_file
 from shardspec.convert.hf import HFError
-from shardspec.format.errors import ShardspecError
+from shardspec.format.errors import NotCommittedError, ShardspecError
 from shardspec.format.parse import parse_manifest
+from shardspec.integrations.vllm.options import LoaderOptions, OptionsError
+from shardspec.integrations.vllm.source import open_source
 from shardspec.reshard.write import reshard
 from shardspec.storage.fetch_config import fetch_config
 
@@ -211,3 +215,38 @@ def test_import_names_a_tensor_whose_dimensions_differ_between_files(tmp_path: P
     rank_file(tmp_path / first, {"w": torch.ones(2, 8)}, {"w": [0, 0]})
     rank_file(tmp_path / second, {"w": torch.ones(2, 8, 1)}, {"w": [2, 0, 0]})
     refused_import(tmp_path, "tensor 'w' has 2 dimensions in", first, f"3 in {second}")
+
+
+# --- items 12 and 14: the vLLM plugin's source and options -----------------------------------
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_the_plugins_source_refuses_a_manifest_that_is_no_regular_file(tmp_path: Path,
+                                                                       kind: str) -> None:
+    """A FIFO hung the worker; a folder raised IsADirectoryError."""
+    model = tmp_path / "model"
+    model.mkdir()
+    if kind == "fifo":
+        os.mkfifo(model / "shardspec.json")
+    else:
+        (model / "shardspec.json").mkdir()
+    outcome: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            open_source("s3://bucket/ck", model, storage_options=None)
+        except BaseException as exc:  # noqa: BLE001 - judged below
+            outcome.append(exc)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "open_source hung on the manifest"
+    assert isinstance(outcome[0], NotCommittedError), outcome
+    assert outcome[0].code == "not-committed" and str(model) in str(outcome[0])
+
+
+@pytest.mark.parametrize("option", ["save_to", "plan_cache"])
+def test_the_plugin_refuses_a_path_with_nul_when_parsing(option: str) -> None:
+    with pytest.raises(OptionsError, match=f"'{option}' must be a directory path"):
+        LoaderOptions.parse({option: "/tmp/x\x00y"})

@@ -118,5 +118,9 @@ def _source(extra: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
 
 
 def _is_path(value: Any) -> bool:
-    """A non-empty path: an empty one would name the working directory."""
-    return isinstance(value, (str, os.PathLike)) and bool(os.fspath(value))
+    """A non-empty path without NUL: an empty one would name the working directory, and the
+    system takes none with a NUL (refused here, not when the workers write)."""
+    if not isinstance(value, (str, os.PathLike)):
+        return False
+    path = os.fsdecode(os.fspath(value))
+    return bool(path) and "\0" not in path

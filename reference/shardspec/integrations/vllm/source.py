@@ -19,9 +19,10 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from ...format.errors import Finding, IntegrityError, NotCommittedError
+from ...format.errors import Finding, IntegrityError, NotCommittedError, PathError
 from ...format.limits import MANIFEST_NAME, MAX_MANIFEST_BYTES
 from ...reader import Checkpoint, open_checkpoint
+from ...storage.paths import open_inside
 
 __all__ = ["open_source"]
 
@@ -34,15 +35,19 @@ def open_source(source: str, model: str | os.PathLike[str], *,
     found to be its manifest: IntegrityError ``checksum-mismatch`` naming both where it is not,
     NotCommittedError where ``model`` has none."""
     local = Path(model) / MANIFEST_NAME
-    try:
-        with open(local, "rb") as handle:
+    try:  # as every read is opened: a regular file inside, never blocking on a FIFO
+        handle, _ = open_inside(Path(model), MANIFEST_NAME)
+        with handle:
             data = handle.read(MAX_MANIFEST_BYTES + 1)
-    except (FileNotFoundError, NotADirectoryError):
+    except PathError as exc:
+        if exc.code not in ("file-missing", "file-not-regular"):
+            raise
+        what = "no" if exc.code == "file-missing" else "a directory, FIFO or device as its"
         raise NotCommittedError(Finding(
             code="not-committed", file=str(local),
-            message=f"vLLM's model {model} holds no {MANIFEST_NAME}: with 'source' ({source}), "
-            "the model is a local directory holding the checkpoint's manifest and extra files",
-            hint=f"shardspec fetch-config {source} {model}")) from None
+            message=f"vLLM's model {model} holds {what} {MANIFEST_NAME}: with 'source' "
+            f"({source}), the model is a local directory holding the checkpoint's manifest "
+            "and extra files", hint=f"shardspec fetch-config {source} {model}")) from None
     checkpoint = open_checkpoint(source, ignore_extensions=ignore_extensions,
                                  storage_options=storage_options)
     here = hashlib.sha256(data).hexdigest()

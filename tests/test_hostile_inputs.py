@@ -23,6 +23,7 @@ import shardspec
 from conftest import make_tiny, manifest_bytes, read_manifest_dict, write_manifest_dict
 from shardspec import Layout, Shard
 from shardspec.cli import app
+from shardspec.convert import adopt, import_hf_distributed
 from shardspec.convert.adopt import add_data_file
 from shardspec.convert.hf import HFError
 from shardspec.format.errors import NotCommittedError, ShardspecError
@@ -250,3 +251,41 @@ def test_the_plugins_source_refuses_a_manifest_that_is_no_regular_file(tmp_path:
 def test_the_plugin_refuses_a_path_with_nul_when_parsing(option: str) -> None:
     with pytest.raises(OptionsError, match=f"'{option}' must be a directory path"):
         LoaderOptions.parse({option: "/tmp/x\x00y"})
+
+
+# --- item 4: a file rewritten in place during the import ------------------------------------
+
+
+def test_import_takes_the_header_from_the_bytes_it_hashes(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """Rank 0's file is rewritten in place (same size) after its header was read: its new
+    header places its rows where rank 1's lie. The manifest placed them where the old header
+    said, and passed validate --checksums (the digest was of the new bytes)."""
+    w = torch.arange(32, dtype=torch.float32).reshape(4, 8)
+    save = tmp_path / "save"
+    save.mkdir()
+    first = save / "shard-00001-model-00001-of-00001.safetensors"
+    rank_file(first, {"w": w[:2]}, {"w": [0, 0]})
+    rank_file(save / "shard-00002-model-00001-of-00001.safetensors", {"w": w[2:]},
+              {"w": [2, 0]})
+    rewritten = tmp_path / "rewritten.safetensors"
+    rank_file(rewritten, {"w": w[2:]}, {"w": [2, 0]})
+    assert rewritten.stat().st_size == first.stat().st_size
+    real = adopt.read_header
+
+    def read_then_rewrite(handle: Any, size: int, name: str) -> Any:
+        header = real(handle, size, name)
+        if name == first.name:
+            with first.open("r+b") as out:  # in place: the import's descriptor sees it
+                out.write(rewritten.read_bytes())
+        return header
+
+    monkeypatch.setattr(adopt, "read_header", read_then_rewrite)
+    try:
+        import_hf_distributed(save)
+    except HFError:
+        return  # refused: as good
+    report = shardspec.validate(save, checksums=True)
+    assert not report.ok and report.findings[0].code == "checksum-mismatch"
+    assert report.findings[0].file == first.name

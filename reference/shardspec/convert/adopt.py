@@ -90,8 +90,14 @@ def adopt(root: Path, files: Mapping[int, Mapping[int, str]], pieces_of: PiecesO
                     # Several pieces of one rank (in different files) must join: the
                     # manifest's checks say so before it is committed (SPEC 7.2 rule 7).
                     pieces.setdefault(tensor, []).append(piece)
-                handle.seek(0)
-                digests, size = digest_stream(handle, progress=advance)
+                # The header's own bytes begin the digest: the pieces and the checksum come
+                # from one read of the file, so a file rewritten in place meanwhile fails
+                # validate --checksums instead of passing with the old header's placement.
+                digests, hashed = digest_stream(handle, progress=advance,
+                                                prefix=header.header_bytes)
+                if hashed != size:
+                    raise HFError(f"{name}: the file changed during the import ({size} bytes "
+                                  f"when opened, {hashed} when hashed); import it again")
                 records.append(FileRecord(path=name, size=size, checksums=digests))
             ranks.append(RankRecord(rank=rank, **layout.coordinates(rank), files=tuple(records)))
     finally:

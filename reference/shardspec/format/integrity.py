@@ -68,13 +68,19 @@ def digest_stream(
     handle: Readable,
     algorithms: tuple[str, ...] = ("sha256",),
     progress: Callable[[int], None] | None = None,
+    prefix: bytes = b"",
 ) -> tuple[dict[str, str], int]:
-    """Hex digests of everything left in ``handle`` and the number of bytes read.
+    """Hex digests of ``prefix`` (bytes already read from ``handle``) then everything left in
+    ``handle``, and the number of bytes hashed.
 
     A reader thread fills one buffer while this thread hashes the other (both release the
     GIL), so verifying runs at the rate of the slower of reading and hashing, not their sum.
     """
     hashers = {name: ALGORITHMS[name]() for name in algorithms}
+    for hasher in hashers.values():
+        hasher.update(prefix)
+    if prefix and progress is not None:
+        progress(len(prefix))
     buffers = [memoryview(bytearray(_CHUNK)), memoryview(bytearray(_CHUNK))]
     filled: queue.Queue[tuple[int, int] | BaseException] = queue.Queue(maxsize=1)
     free: queue.Queue[int] = queue.Queue()
@@ -97,7 +103,7 @@ def digest_stream(
 
     reader = threading.Thread(target=read, name="shardspec-digest-reader", daemon=True)
     reader.start()
-    total = 0
+    total = len(prefix)
     try:
         while True:
             item = filled.get()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from typer.testing import CliRunner
 
 import shardspec
@@ -253,3 +254,55 @@ def test_convert_reshard_merge_refuse_a_linked_folder(hf: Path, tmp_path: Path,
         assert "Traceback" not in said and "internal error" not in said
         assert "path-escapes" in said and "sub" in said and "symlink" in said, said
         assert list(elsewhere.iterdir()) == []
+
+
+# --- item 5: --overwrite and the files an import adopted -------------------------------------
+
+
+def imported_save(tmp_path: Path) -> Path:
+    """A vLLM save someone trained and imported in place: its files are theirs."""
+    tiny = make_tiny(tmp_path / "tiny")
+    save = tmp_path / "save"
+    save.mkdir()
+    for rank in (0, 1):
+        shutil.copy(tiny.data_file(rank), save / f"model-rank-{rank}-part-0.safetensors")
+    (save / "notes.json").write_text("{}")
+    import_vllm(save)
+    return save
+
+
+def test_overwrite_refuses_to_delete_an_adopted_save(hf: Path, tmp_path: Path) -> None:
+    """convert --overwrite over an imported save deleted the user's training save."""
+    save = imported_save(tmp_path)
+    before = {p.name: p.read_bytes() for p in save.iterdir() if p.name != "shardspec.json"}
+    result = runner.invoke(app, ["convert", str(hf), str(save), "--tp", "1", "--overwrite"])
+    said = result.stdout + result.stderr
+    assert result.exit_code == 2 and "--remove-adopted" in said and "import" in said, said
+    assert {p.name: p.read_bytes() for p in save.iterdir() if p.name != "shardspec.json"} \
+        == before
+    assert shardspec.validate(save, checksums=True).ok
+    with pytest.raises(FileExistsError, match="remove_adopted=True"):
+        make_tiny(save, overwrite=True)
+    result = runner.invoke(app, ["convert", str(hf), str(save), "--tp", "1", "--overwrite",
+                                 "--remove-adopted"])
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert shardspec.validate(save, checksums=True).ok
+    assert not (save / "notes.json").exists()
+
+
+def test_the_dcp_writer_and_reshard_take_remove_adopted(hf: Path, tmp_path: Path) -> None:
+    save = imported_save(tmp_path)
+    state = {"w": torch.arange(12.0).reshape(3, 4)}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        with pytest.raises(CheckpointException) as excinfo:
+            dcp.save(state, storage_writer=Writer(save, overwrite=True))
+        (error, _), = excinfo.value.failures.values()
+        assert isinstance(error, FileExistsError) and "remove_adopted" in str(error)
+        assert shardspec.validate(save, checksums=True).ok
+        source = tmp_path / "source"
+        convert(hf, source, tp_size=2)
+        with pytest.raises(FileExistsError, match="remove_adopted"):
+            reshard(source, save, Layout(tp_size=1), overwrite=True)
+        reshard(source, save, Layout(tp_size=1), overwrite=True, remove_adopted=True)
+    assert shardspec.validate(save, checksums=True).ok

@@ -120,6 +120,10 @@ def convert_command(
         "--untie-embeddings", help="Write a tied LM head as a tensor of its own (the "
         "embedding's bytes twice), as transformers' from_pretrained of a tied model needs; "
         "vLLM then serves it untied. Default: an alias of the embedding.")] = False,
+    remove_adopted: Annotated[bool, flag(
+        "--remove-adopted", help="With --overwrite: also delete the files of a checkpoint that "
+        "`shardspec import` adopted in place (a save of vLLM, transformers or torch), which "
+        "--overwrite alone refuses to delete.")] = False,
 ) -> None:
     """Convert a Hugging Face checkpoint into a TP x PP x EP shardspec checkpoint, streaming.
 
@@ -136,7 +140,7 @@ def convert_command(
                            names=names.value, sharded_state=sharded_state,
                            quantize=None if quantize is None else quantize.value,
                            storage_options=storage_options_for(dst),
-                           untie_embeddings=untie_embeddings)
+                           untie_embeddings=untie_embeddings, remove_adopted=remove_adopted)
     size = sum(f.size for r in manifest.ranks for f in r.files)
     files = sum(len(r.files) for r in manifest.ranks)
     out.print(f"[bold green]converted[/] {src} -> {dst}: tp={tp} pp={pp} ep={ep}, "

@@ -63,6 +63,10 @@ def reshard_command(
         "a row-parallel tensor split further is fetched as whole rows in a few requests). "
         "0.1 asks at most a tenth more, at a range per row.")
     ] = None,
+    remove_adopted: Annotated[bool, flag(
+        "--remove-adopted", help="With --overwrite: also delete the files of a checkpoint that "
+        "`shardspec import` adopted in place (a save of vLLM, transformers or torch), which "
+        "--overwrite alone refuses to delete.")] = False,
 ) -> None:
     """Write SOURCE again at DESTINATION with another tp_size, pp_size or ep_size (SPEC 11.3).
 
@@ -80,7 +84,7 @@ def reshard_command(
         cannot_run("DESTINATION is the source checkpoint: write the new layout elsewhere")
     options: dict[str, Any] = {"storage_options": storage_options_for(source),
                                "destination_options": storage_options_for(destination),
-                               "gap_budget": gap_budget}
+                               "gap_budget": gap_budget, "remove_adopted": remove_adopted}
     with progress("resharding") as bar:
         manifest = reshard(source, destination, layout, overwrite=overwrite, verify=verify,
                            ignore_extensions=tuple(ignore_extension or ()), progress=bar.set,

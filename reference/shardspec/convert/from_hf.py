@@ -159,6 +159,7 @@ def convert(
     storage_options: dict[str, Any] | None = None,
     untie_embeddings: bool = False,
     sharded_state: bool = False,
+    remove_adopted: bool = False,
 ) -> Manifest:
     """Convert the Hugging Face checkpoint directory ``src`` to a shardspec checkpoint ``dst``
     (a directory, or an object-storage URL with ``storage_options`` for its filesystem).
@@ -240,7 +241,7 @@ def convert(
         if quantize == "fp8" and "config.json" in extras:
             extras["config.json"] = _with_quantization(extras["config.json"], Path(folder))
         return _write_converted(root, layout, draft, splits, extras, overwrite, progress,
-                                claim=torch_names)
+                                claim=torch_names, remove_adopted=remove_adopted)
 
 
 def _with_quantization(config: Path, folder: Path) -> Path:
@@ -254,11 +255,13 @@ def _with_quantization(config: Path, folder: Path) -> Path:
 
 def _write_converted(root: Location, layout: Layout, draft: Manifest,
                      splits: Mapping[str, Written], extras: Mapping[str, Path],
-                     overwrite: bool, progress: Progress | None, claim: bool) -> Manifest:
+                     overwrite: bool, progress: Progress | None, claim: bool,
+                     remove_adopted: bool = False) -> Manifest:
     total = sum(byte_size(DTYPES[r.dtype], p.shape) or 0 for r in draft.tensors.values()
                 if isinstance(r, TensorRecord) for p in r.pieces)
     data_files = [f.path for r in draft.ranks for f in r.files]
-    prepare_directory(root, overwrite, claim=data_files if claim else ())
+    prepare_directory(root, overwrite, claim=data_files if claim else (),
+                      remove_adopted=remove_adopted)
     advance = None if progress is None else (lambda n: progress(n, total))
     records: dict[str, FileRecord] = {}
     for rank in range(layout.size):

@@ -63,6 +63,7 @@ def reshard(
     storage_options: dict[str, Any] | None = None,
     destination_options: dict[str, Any] | None = None,
     gap_budget: float | None = None,
+    remove_adopted: bool = False,
 ) -> Manifest:
     """Write the checkpoint at ``source`` again at ``destination`` with ``layout``.
 
@@ -101,7 +102,7 @@ def reshard(
     with tempfile.TemporaryDirectory(prefix="shardspec-extras-") as folder:
         extras = _extra_sources(src, manifest, Path(folder))
         return _write_resharded(src, dst, manifest, plans, draft, extras, overwrite, verify,
-                                progress, gap_budget)
+                                progress, gap_budget, remove_adopted)
 
 
 def _same_place(src: Location, dst: Location) -> bool:
@@ -135,8 +136,9 @@ def _write_resharded(
     src: Location, dst: Location, manifest: Manifest, plans: list[ReshardPlan], draft: Manifest,
     extras: dict[str, Path], overwrite: bool, verify: bool,
     progress: Callable[[int, int], None] | None, gap_budget: float | None,
+    remove_adopted: bool = False,
 ) -> Manifest:
-    prepare_directory(dst, overwrite)
+    prepare_directory(dst, overwrite, remove_adopted=remove_adopted)
     records: dict[str, FileRecord] = {}
     cpu = torch.device("cpu")
     total, done = sum(p.target_bytes for p in plans), 0

@@ -19,7 +19,8 @@ from ..format.limits import MANIFEST_NAME
 from ..format.manifest import Manifest
 from .entries import create_temporary, folder_inside, readable_mode
 
-__all__ = ["CLAIM_NAME", "LEFTOVER", "TEMP_SUFFIX", "claim_bytes", "claimed_names",
+__all__ = ["ADOPTED_KEY", "CLAIM_NAME", "LEFTOVER", "TEMP_SUFFIX", "adopted_files", "claim_bytes",
+           "claimed_names",
            "commit_manifest", "drop_claim", "foreign_weights", "fsync_dir", "interrupted_write",
            "read_claim", "removable", "uncommit", "write_claim", "write_durably",
            "write_inside"]
@@ -71,6 +72,20 @@ def interrupted_write(names: Iterable[str], claimed: Collection[str] = ()) -> bo
     names = list(names)
     return bool(names) and MANIFEST_NAME not in names and all(
         LEFTOVER.match(n) or n == CLAIM_NAME or n in claimed for n in names)
+
+
+#: The manifest metadata key that ``shardspec import`` writes: its files were adopted in
+#: place (a user's save), not written by a shardspec writer.
+ADOPTED_KEY = "imported_from"
+
+
+def adopted_files(previous: Manifest | None) -> list[str]:
+    """The files of ``previous`` that an import adopted (all it lists), sorted; none for a
+    manifest a writer wrote."""
+    if previous is None or ADOPTED_KEY not in previous.metadata:
+        return []
+    return sorted({f.path for r in previous.ranks for f in r.files}
+                  | {f.path for f in previous.extra_files})
 
 
 def removable(existing: Collection[str], previous: Manifest | None,

@@ -16,9 +16,11 @@ from collections.abc import Collection
 from pathlib import Path
 
 from ..format.limits import MANIFEST_NAME
+from ..format.manifest import Manifest
 from ..storage.commit import (
     CLAIM_NAME,
     LEFTOVER,
+    adopted_files,
     commit_manifest,
     drop_claim,
     foreign_weights,
@@ -76,8 +78,24 @@ def _refuse_unless(root: Path, existing: list[str], overwrite: bool, leftovers: 
                               "replace it")
 
 
-def prepare_directory(root: Location, overwrite: bool, claim: Collection[str] = ()) -> None:
+def refuse_adopted(root: Location, previous: Manifest | None) -> None:
+    """FileExistsError where ``previous`` lists files that an import adopted."""
+    files = adopted_files(previous)
+    if files:
+        more = f" and {len(files) - 1} more" if len(files) > 1 else ""
+        raise FileExistsError(
+            f"{root} holds a checkpoint that `shardspec import` adopted in place: its files "
+            f"({files[0]!r}{more}) are the save it was imported from, not files a shardspec "
+            "writer wrote, and --overwrite does not delete them; pass --remove-adopted "
+            "(remove_adopted=True) as well to delete them, or write the checkpoint elsewhere")
+
+
+def prepare_directory(root: Location, overwrite: bool, claim: Collection[str] = (), *,
+                      remove_adopted: bool = False) -> None:
     """Create ``root``, or empty it of a previous checkpoint when ``overwrite`` (SPEC 10.2).
+
+    The files of a checkpoint that ``shardspec import`` adopted are a user's save: they are
+    removed only with ``remove_adopted`` as well (:func:`refuse_adopted`).
 
     ``claim``: the data files the write will create, under names that
     :data:`~shardspec.storage.commit.LEFTOVER` does not match (torch's); they are claimed
@@ -92,6 +110,8 @@ def prepare_directory(root: Location, overwrite: bool, claim: Collection[str] = 
     if claim:  # before the question of overwriting: overwriting would not help
         foreign_weights(root, existing, stale)
     _refuse_unless(root, existing, overwrite, leftovers=True)
+    if not remove_adopted:
+        refuse_adopted(root, previous)
     # Claimed before the manifest goes: a crash from here on leaves no file under torch's
     # names that no claim lists (so none that a rerun would have to refuse).
     pending = set(claim) | {n for n in stale if n.endswith(".safetensors")

@@ -140,6 +140,7 @@ def save(
     metadata: Mapping[str, str] | None = None,
     extensions: Mapping[str, Mapping[str, Any]] | None = None,
     storage_options: dict[str, Any] | None = None,
+    remove_adopted: bool = False,
 ) -> Manifest:
     """Write ``states`` (rank -> state dict) as a committed checkpoint at ``path``, a directory
     or an object-storage URL (``storage_options`` for its fsspec filesystem).
@@ -152,7 +153,8 @@ def save(
     non-contiguous tensors are written contiguous; zero-size tensors are kept. Each rank's
     tensors are split into files of about ``max_file_size`` bytes. ``extra_files`` maps
     names inside the checkpoint to source paths (or is a list of paths kept by base name).
-    Bad sharding information is refused before anything is written.
+    Bad sharding information is refused before anything is written. ``overwrite`` replaces a
+    checkpoint at ``path``; one that ``shardspec import`` adopted only with ``remove_adopted``.
     """
     root = locate(path, storage_options)
     sharding = sharding or {}
@@ -165,7 +167,7 @@ def save(
         quantization=quantization, logical=logical, ties=ties, metadata=metadata,
         extensions=extensions, extra_files=list(extras), max_file_size=max_file_size,
     )
-    prepare_directory(root, overwrite)
+    prepare_directory(root, overwrite, remove_adopted=remove_adopted)
     records: dict[str, FileRecord] = {}
     for rank in range(layout.size):
         records.update({f.path: f for f in write_rank(root, rank, states[rank], draft)})

@@ -97,6 +97,7 @@ class Writer(StorageWriter):
         metadata: Mapping[str, str] | None = None,
         extra_files: Mapping[str, str | os.PathLike[str]] | Iterable[str | os.PathLike[str]] = (),
         storage_options: dict[str, Any] | None = None,
+        remove_adopted: bool = False,
     ) -> None:
         super().__init__()
         if metadata and OBJECTS_KEY in metadata:
@@ -106,6 +107,7 @@ class Writer(StorageWriter):
         self.replicas = replicas
         self.max_file_size = max_file_size
         self.overwrite = overwrite
+        self.remove_adopted = remove_adopted
         self.metadata = dict(metadata or {})
         self.extra_files = extra_sources(extra_files)
         self.storage_options = storage_options
@@ -159,7 +161,7 @@ class Writer(StorageWriter):
         draft = plan_checkpoint(layout, infos, metadata=self.metadata,
                                 extra_files=[*object_files, *self.extra_files],
                                 max_file_size=self.max_file_size)
-        prepare_directory(self.root, self.overwrite)
+        prepare_directory(self.root, self.overwrite, remove_adopted=self.remove_adopted)
         self._draft = draft
         assignments = [Assignment() for _ in plans]
         for record in draft.ranks:

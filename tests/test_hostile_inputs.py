@@ -31,6 +31,7 @@ from shardspec.format.parse import parse_manifest
 from shardspec.integrations.vllm.options import LoaderOptions, OptionsError
 from shardspec.integrations.vllm.source import open_source
 from shardspec.reshard.write import reshard
+from shardspec.storage.entries import walk
 from shardspec.storage.fetch_config import fetch_config
 
 if TYPE_CHECKING:
@@ -289,3 +290,71 @@ def test_import_takes_the_header_from_the_bytes_it_hashes(tmp_path: Path,
     report = shardspec.validate(save, checksums=True)
     assert not report.ok and report.findings[0].code == "checksum-mismatch"
     assert report.findings[0].file == first.name
+
+
+# --- item 7: a folder nested past the recursion limit ----------------------------------------
+
+DEEP = 1_100
+
+
+def nest(root: Path, depth: int = DEEP) -> list[str]:
+    """``root/d/d/.../d`` ``depth`` deep, made without recursion (os.makedirs recurses); the
+    folders' paths, deepest last."""
+    paths, folder = [], os.fspath(root)
+    for _ in range(depth):
+        folder = os.path.join(folder, "d")
+        os.mkdir(folder)
+        paths.append(folder)
+    return paths
+
+
+def unnest(paths: list[str]) -> None:
+    """Remove what :func:`nest` made (shutil.rmtree recurses too)."""
+    for folder in reversed(paths):
+        for name in os.listdir(folder):
+            os.unlink(os.path.join(folder, name))
+        os.rmdir(folder)
+
+
+def test_walk_is_os_walk_without_recursion(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "x").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "a", target_is_directory=True)
+    (tmp_path / "y").write_text("y")
+    assert [(f, sorted(d), sorted(n)) for f, d, n in walk(tmp_path)] == \
+        [(f, sorted(d), sorted(n)) for f, d, n in os.walk(tmp_path)]
+    paths = nest(tmp_path / "a" / "b")
+    try:
+        assert sum(1 for _ in walk(tmp_path)) == DEEP + 3
+    finally:
+        unnest(paths)
+
+
+def test_a_deep_folder_is_walked_by_import_convert_and_fetch_config(
+        tmp_path: Path, s3_server: S3Server, s3_bucket: str) -> None:
+    """RecursionError on Python 3.10 and 3.11 in import, convert and fetch-config --overwrite
+    (the last after it had written the files)."""
+    save = tmp_path / "save"
+    save.mkdir()
+    save_file({"w": torch.ones(2, 2)}, str(save / "model-rank-0-part-0.safetensors"))
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    save_file({"model.norm.weight": torch.ones(4)}, str(hf / "model.safetensors"))
+    (hf / "config.json").write_text('{"model_type": "llama"}')
+    url = f"s3://{s3_bucket}/ck"
+    options = s3_server.storage_options()
+    shardspec.save({0: {"w": torch.zeros(2)}}, url, layout=Layout(tp_size=1),
+                   storage_options=options)
+    local = tmp_path / "local"
+    local.mkdir()
+    made = [nest(save), nest(hf), nest(local)]
+    try:
+        result = runner.invoke(app, ["import", str(save)])
+        assert result.exit_code == 0, result.stdout + result.stderr
+        result = runner.invoke(app, ["convert", str(hf), str(tmp_path / "out"), "--tp", "1"])
+        assert result.exit_code == 0, result.stdout + result.stderr
+        fetched = fetch_config(url, local, storage_options=options, overwrite=True)
+        assert fetched.files == ["shardspec.json"] and fetched.left_in_place == []
+    finally:
+        for paths in made:
+            unnest(paths)

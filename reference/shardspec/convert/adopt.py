@@ -34,6 +34,7 @@ from ..format.manifest import (
 from ..format.safetensors_header import Header, read_header
 from ..format.schema import schema_findings
 from ..storage.commit import commit_manifest, uncommit
+from ..storage.entries import walk
 from ..storage.paths import open_inside
 from .directories import SKIPPED_DIRS, WEIGHT_SUFFIXES, Progress, local_dir
 from .hf import HFError
@@ -173,7 +174,7 @@ def _open_data_file(root: Path, name: str) -> tuple[io.FileIO, int]:
 def _extra_files(root: Path, data_files: set[str]) -> tuple[list[FileRecord], dict[str, str]]:
     extras: list[FileRecord] = []
     skipped: dict[str, str] = {}
-    for folder, dirs, names in os.walk(root):
+    for folder, dirs, names in walk(root):
         relative = Path(folder).relative_to(root)
         for d in sorted(dirs):
             if d.startswith(".") or d in SKIPPED_DIRS:

@@ -11,6 +11,7 @@ from typing import Any
 from ..format.checks import path_problem
 from ..format.json_text import load_json
 from ..format.limits import MANIFEST_NAME
+from ..storage.entries import walk
 from ..storage.remote import is_remote
 from .hf import HFError
 
@@ -43,11 +44,11 @@ def hf_extra_files(root: Path, exclude: Path | None = None) -> dict[str, Path]:
     ``.pt``, ...), indexes (``*.index.json``), hidden files, ``original/`` folders, a
     ``shardspec.json`` and the folder ``exclude`` (a destination inside the source)."""
     out: dict[str, Path] = {}
-    skip = None if exclude is None else exclude.resolve()
-    for folder, dirs, files in os.walk(root):
+    skip = _identity(exclude) if exclude is not None else None
+    for folder, dirs, files in walk(root):
         relative = Path(folder).relative_to(root)
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in SKIPPED_DIRS
-                         and (Path(folder) / d).resolve() != skip)
+                         and (skip is None or _identity(Path(folder) / d) != skip))
         for name in sorted(files):
             path = Path(folder) / name
             rel = (relative / name).as_posix()
@@ -63,6 +64,16 @@ def hf_extra_files(root: Path, exclude: Path | None = None) -> dict[str, Path]:
                     "copied into the checkpoint as its own; copy the file in, or remove it")
             out[rel] = path
     return out
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The device and inode of the folder ``path`` names (one stat: resolving a path is a
+    stat a component, quadratic down a deep tree)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 def _resolves_inside(root: Path, path: Path) -> bool:

@@ -13,12 +13,13 @@ import errno
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..format.checks import path_problem
 from ..format.errors import Finding, PathError
 
-__all__ = ["create_temporary", "folder_inside", "readable_mode", "remove_entry"]
+__all__ = ["create_temporary", "folder_inside", "readable_mode", "remove_entry", "walk"]
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -79,3 +80,27 @@ def remove_entry(root: Path, relative: str) -> bool:
             return False
         raise
     return True
+
+
+def walk(top: Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """``os.walk(top)`` (top-down, ``dirs`` may be pruned in place, links to folders listed but
+    not entered), without recursion: os.walk recurses before Python 3.12, so a folder nested
+    some thousand deep raised RecursionError; an unreadable folder is skipped, as there."""
+    stack = [os.fspath(top)]
+    while stack:
+        folder = stack.pop()
+        try:
+            with os.scandir(folder) as scan:
+                entries = list(scan)
+        except OSError:
+            continue
+        dirs, files = [], []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            (dirs if is_dir else files).append(entry.name)
+        yield folder, dirs, files
+        stack += [os.path.join(folder, d) for d in reversed(dirs)
+                  if not os.path.islink(os.path.join(folder, d))]

@@ -29,7 +29,7 @@ from ..format.limits import MANIFEST_NAME, MAX_MANIFEST_BYTES
 from ..format.manifest import FileRecord, Manifest
 from ..format.parse import parse_manifest
 from .commit import write_inside
-from .entries import folder_inside
+from .entries import folder_inside, walk
 from .location import Location, PathOrURL, locate
 from .paths import open_inside
 from .remote import RemoteRoot
@@ -105,7 +105,7 @@ def fetch_config(source: PathOrURL, target: str | os.PathLike[str], *,
 def _files_under(out: Path) -> list[str]:
     """The files under ``out``, relative, sorted (links are not followed)."""
     found = []
-    for folder, _, files in os.walk(out):
+    for folder, _, files in walk(out):
         relative = Path(folder).relative_to(out)
         found += [(relative / name).as_posix() for name in files]
     return sorted(found)

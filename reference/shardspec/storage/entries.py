@@ -94,7 +94,8 @@ def walk(top: Path) -> Iterator[tuple[str, list[str], list[str]]]:
                 entries = list(scan)
         except OSError:
             continue
-        dirs, files = [], []
+        dirs: list[str] = []
+        files: list[str] = []
         for entry in entries:
             try:
                 is_dir = entry.is_dir()

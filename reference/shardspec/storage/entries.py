@@ -52,8 +52,11 @@ def folder_inside(root: Path, relative: str, *, create: bool) -> Path | None:
         except FileNotFoundError:
             if not create:
                 return None
-            folder.mkdir()
-            continue
+            try:
+                folder.mkdir()
+                continue
+            except FileExistsError:  # made meanwhile (writers in parallel): checked below
+                info = os.lstat(folder)
         if not stat.S_ISDIR(info.st_mode):
             raise PathError(Finding(
                 code="path-escapes", file=relative,

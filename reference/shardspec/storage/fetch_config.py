@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,12 +34,20 @@ from .commit import write_inside
 from .entries import folder_inside, walk
 from .location import Location, PathOrURL, locate
 from .paths import open_inside
-from .remote import RemoteRoot
+from .remote import RemoteRoot, wait_all
+from .remote_files import RemoteObject
 
 __all__ = ["FetchedConfig", "fetch_config"]
 
 #: The largest extra file fetched: a tokenizer is megabytes; past this it is not a config.
 MAX_EXTRA_BYTES = 1 << 30
+#: The most extra files fetched, and their largest total: a model's configs and tokenizer are
+#: tens of files and megabytes; a manifest listing more is not asking for its configuration.
+MAX_EXTRA_FILES = 10_000
+MAX_EXTRA_TOTAL = 4 << 30
+#: Extra files fetched at once (each streamed to its temporary file, never held whole).
+FETCHES_IN_FLIGHT = 16
+_CHUNK = 1 << 20
 
 
 @dataclass
@@ -86,14 +96,13 @@ def fetch_config(source: PathOrURL, target: str | os.PathLike[str], *,
     assert parsed.manifest is not None
     manifest = parsed.manifest
     result = FetchedConfig(str(root), out, manifest, hashlib.sha256(data).hexdigest())
+    _check_bounds(manifest.extra_files)
     for record in manifest.extra_files:  # a link or a file on a path's way: before any write
         folder_inside(out, record.path, create=False)
     out.mkdir(parents=True, exist_ok=True)
-    for record in manifest.extra_files:
-        body = _read_extra(root, record)
-        _write(out, record.path, body)
-        result.files.append(record.path)
-        result.bytes_written += len(body)
+    _fetch_all(root, out, manifest.extra_files)
+    result.files += [record.path for record in manifest.extra_files]
+    result.bytes_written += sum(record.size for record in manifest.extra_files)
     _write(out, MANIFEST_NAME, data)
     result.files.append(MANIFEST_NAME)
     result.bytes_written += len(data)
@@ -131,26 +140,68 @@ def _read_manifest_bytes(root: Location) -> bytes:
     return data  # an oversized manifest is refused by the parser (json-too-large)
 
 
-def _read_extra(root: Location, record: FileRecord) -> bytes:
-    """The extra file's bytes, checked against its record's size and digests (SPEC 9)."""
-    if record.size > MAX_EXTRA_BYTES:
-        raise ValueError(f"{record.path} is {record.size} bytes: extra files over "
-                         f"{MAX_EXTRA_BYTES} bytes are not fetched")
+def _check_bounds(records: Sequence[FileRecord]) -> None:
+    """ValueError, before any request, for more extra files or bytes than a config has."""
+    if len(records) > MAX_EXTRA_FILES:
+        raise ValueError(f"the manifest lists {len(records)} extra files: more than "
+                         f"{MAX_EXTRA_FILES} are not fetched")
+    for record in records:
+        if record.size > MAX_EXTRA_BYTES:
+            raise ValueError(f"{record.path} is {record.size} bytes: extra files over "
+                             f"{MAX_EXTRA_BYTES} bytes are not fetched")
+    total = sum(record.size for record in records)
+    if total > MAX_EXTRA_TOTAL:
+        raise ValueError(f"the manifest's extra files are {total} bytes in all: more than "
+                         f"{MAX_EXTRA_TOTAL} are not fetched")
+
+
+def _fetch_all(root: Location, out: Path, records: Sequence[FileRecord]) -> None:
+    """Every extra file into ``out``, :data:`FETCHES_IN_FLIGHT` at once; the first error
+    raised (the others' temporary files removed)."""
+    if not records:
+        return
+    with ThreadPoolExecutor(min(FETCHES_IN_FLIGHT, len(records)),
+                            thread_name_prefix="shardspec-fetch") as pool:
+        wait_all([pool.submit(_fetch, root, out, record) for record in records])
+
+
+def _fetch(root: Location, out: Path, record: FileRecord) -> None:
+    """One extra file streamed to its temporary file, checked against its record's size and
+    digests (SPEC 9) before it is renamed into place."""
+    def write(temp: Path) -> None:
+        digests = Digests(record.checksums)
+        got = 0
+        with temp.open("wb") as handle:
+            for chunk in _chunks(root, record):
+                got += len(chunk)
+                if got > record.size:
+                    break
+                digests.update(chunk)
+                handle.write(chunk)
+        if got != record.size:
+            raise IntegrityError(Finding(
+                code="file-size", file=record.path,
+                message=f"the file has {got if got <= record.size else 'more'} bytes, the "
+                f"manifest says {record.size}"))
+        check_digests(record.path, record.checksums, digests.hexdigests())
+
+    write_inside(out, record.path, write)
+
+
+def _chunks(root: Location, record: FileRecord) -> Iterator[bytes]:
+    """The extra file's bytes in order, a chunk at a time (one more byte than the record's size
+    at most, to tell a longer file)."""
     if isinstance(root, RemoteRoot):
-        body = root.read_whole(record.path, record.size + 1)
-    else:
-        handle, _ = open_inside(root, record.path)
-        with handle:
-            body = handle.read(record.size + 1)
-    if len(body) != record.size:
-        raise IntegrityError(Finding(
-            code="file-size", file=record.path,
-            message=f"the file has {len(body) if len(body) <= record.size else 'more'} bytes, "
-            f"the manifest says {record.size}"))
-    digests = Digests(record.checksums)
-    digests.update(body)
-    check_digests(record.path, record.checksums, digests.hexdigests())
-    return body
+        source = RemoteObject(root, record.path, record.size)
+        yield from source.stream(0, record.size)  # each answer's size is the record's
+        source.finish()
+        return
+    handle, _ = open_inside(root, record.path)
+    with handle:
+        left = record.size + 1
+        while left > 0 and (chunk := handle.read(min(_CHUNK, left))):
+            left -= len(chunk)
+            yield chunk
 
 
 def _write(out: Path, relative: str, data: bytes) -> None:

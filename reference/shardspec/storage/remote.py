@@ -21,7 +21,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -142,6 +142,16 @@ def _options_refused(url: str, why: object) -> StorageError:
         message=f"the storage options do not make a client for this URL: {why}",
         hint="check --storage-options or SHARDSPEC_STORAGE_OPTIONS (the fsspec filesystem's "
         "keyword arguments, e.g. s3fs's S3FileSystem)"))
+
+
+def wait_all(futures: Sequence[Future[Any]]) -> None:
+    """Wait for every future; the first error raised, the ones not started cancelled."""
+    try:
+        for future in futures:
+            future.result()
+    finally:
+        for future in futures:
+            future.cancel()
 
 
 class RemoteRoot:
@@ -341,13 +351,7 @@ class RemoteRoot:
             for item in items:
                 work(item)
             return
-        futures = [self.pool().submit(work, item) for item in items]
-        try:
-            for future in futures:
-                future.result()
-        finally:
-            for future in futures:
-                future.cancel()
+        wait_all([self.pool().submit(work, item) for item in items])
 
     def pool(self) -> ThreadPoolExecutor:
         """The process's pool of request threads, shared by every root: the bound on requests

@@ -40,6 +40,7 @@ __all__ = [
     "describe_version",
     "is_remote",
     "local_path",
+    "wait_all",
 ]
 
 #: Requests in flight at once per load, validation or copy.

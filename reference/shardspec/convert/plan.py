@@ -225,8 +225,14 @@ def _aligned_sizes(name: str, length: int, parts: int, unit: int, what: str,
                 f"tensor {name!r}: splitting dim {dim} ({length} elements) over {parts} {what} "
                 f"puts a boundary at element {edge}, inside a block or pack of {unit} (its "
                 "packing, or the blocks of a scale or zero point tied to it, SPEC 8.4); choose "
-                f"a size whose pieces are whole blocks of {unit}")
+                f"a size whose pieces are whole blocks of {unit}{_sizes_that_work(length, unit)}")
     return sizes
+
+
+def _sizes_that_work(length: int, unit: int) -> str:
+    """The even split sizes (up to 64) that keep every piece of ``length`` whole ``unit``s."""
+    sizes = [n for n in range(1, 65) if length % n == 0 and (length // n) % unit == 0]
+    return f" ({', '.join(map(str, sizes))} split this dim so)" if sizes else ""
 
 
 def plan_splits(
@@ -253,6 +259,7 @@ def plan_splits(
     own = [n for n in sources if n not in ties]            # split by their own style
     tp_plan = resolve_plan(source.config, plan)
     styles = tp_plan.styles(own)
+    styles.update({name: "replicate" for name in found.replicated if name in styles})
     notices = _fused_kept_whole(styles, sources, tp_plan, layout) \
         + _unnamed_notice(own, sources, tp_plan)
     experts = find_experts({n: sources[n].shape for n in own},
@@ -446,8 +453,23 @@ def _head_aligned(name: str, kind: Kind, length: int, parts: int, unit: int, dim
                     f"puts a boundary at element {edge} of dim {dim} ({length} elements), "
                     f"inside a block or pack of {unit} (its packing, or the blocks of a scale "
                     "or zero point tied to it, SPEC 8.4); choose a TP size whose ranks hold "
-                    "whole blocks")
+                    f"whole blocks{_head_sizes_that_work(name, kind, length, unit, counts)}")
     return starts, sizes
+
+
+def _head_sizes_that_work(name: str, kind: Kind, length: int, unit: int,
+                          counts: HeadCounts | None) -> str:
+    """The TP sizes (up to 64) that deal ``name`` whole heads in whole blocks of ``unit``."""
+    sizes = []
+    for parts in range(1, 65):
+        try:
+            starts, runs = cut_heads(name, kind, length, parts, counts)
+        except PlanError:
+            continue
+        if all(edge % unit == 0 or edge == length
+               for start, run in zip(starts, runs, strict=True) for edge in (start, start + run)):
+            sizes.append(parts)
+    return f" ({', '.join(map(str, sizes))} do)" if sizes else ""
 
 
 def _check_tied(name: str, tied: Tied, layout: Layout) -> None:

@@ -14,12 +14,18 @@ method                    base (grid)                     tied tensors
 FP8 blocks (DeepSeek-V3)  ``X.weight`` F8 ``[o, i]``      ``X.weight_scale_inv`` (block from
                                                           ``weight_block_size`` or the shapes)
 FP8 per channel / tensor  ``X.weight`` F8 ``[o, i]``      ``X.weight_scale``, ``X.input_scale``
+compressed-tensors int8   ``X.weight`` I8 ``[o, i]``      ``X.weight_scale``, ``X.input_scale``,
+                                                          ``X.weight_zero_point``
+compressed-tensors packed ``X.weight_packed`` I32         ``X.weight_scale``,
+                          ``[o, i/p]``                    ``X.weight_zero_point``
 AWQ                       ``X.qweight`` I32 ``[i, o/p]``  ``X.scales``, ``X.qzeros``
 GPTQ                      ``X.qweight`` I32 ``[i/p, o]``  ``X.scales``, ``X.qzeros``, ``X.g_idx``
 MXFP4 (gpt-oss)           ``X_blocks`` U8 ``[.., o, i/32, 16]``  ``X_scales``
 ========================  ==============================  =====================================
 
 AWQ and GPTQ store the grid input-major (``[i, o]``): a column-parallel split cuts grid dim 1.
+compressed-tensors' ``X.weight_shape`` (the logical shape, two values) is no grid of blocks: it
+is replicated whole on every rank, as vLLM reads it (:attr:`Quantized.replicated`).
 """
 
 from __future__ import annotations
@@ -27,16 +33,26 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from ..format.dtypes import DType
 from ..format.manifest import Logical, Tie
-from .hf import SourceTensor
 from .tp_plan import PlanError
 
-__all__ = ["Base", "Quantized", "find_quantized", "infer_tie"]
+__all__ = ["Base", "Quantized", "Stored", "find_quantized", "infer_tie"]
 
 #: config ``torch_dtype`` / ``dtype`` -> safetensors dtype of the weights a quantizer replaced.
 _LOGICAL_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "half": "F16"}
+
+
+class Stored(Protocol):
+    """What is read of each tensor: a source file's entry, or a manifest's record."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> DType: ...
 
 
 @dataclass(frozen=True)
@@ -55,6 +71,8 @@ class Quantized:
 
     bases: dict[str, Base] = field(default_factory=dict)
     ties: dict[str, Tie] = field(default_factory=dict)
+    #: quantizer outputs that describe the whole weight, not blocks of it: whole on every rank
+    replicated: set[str] = field(default_factory=set)
 
 
 def _logical_dtype(config: Mapping[str, Any]) -> str:
@@ -105,7 +123,19 @@ def _aligned(block: tuple[int, ...] | None, ndim: int) -> tuple[int | None, ...]
     return (None,) * (ndim - len(block)) + tuple(block)
 
 
-def find_quantized(tensors: Mapping[str, SourceTensor], config: Mapping[str, Any] | None
+def _compressed_weights(quant: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """(bits, group size) of a compressed-tensors config's weights, where its groups agree."""
+    groups = quant.get("config_groups")
+    found = {(w.get("num_bits"), w.get("group_size"))
+             for g in (groups.values() if isinstance(groups, dict) else ())
+             if isinstance(g, dict) and isinstance(w := g.get("weights"), dict)}
+    if len(found) != 1:
+        return None, None
+    bits, group = found.pop()
+    return (bits if isinstance(bits, int) else None), (group if isinstance(group, int) else None)
+
+
+def find_quantized(tensors: Mapping[str, Stored], config: Mapping[str, Any] | None
                    ) -> Quantized:
     """The bases and ties of a source checkpoint (empty when nothing is quantized)."""
     config = config or {}
@@ -132,11 +162,16 @@ def find_quantized(tensors: Mapping[str, SourceTensor], config: Mapping[str, Any
     group = quant.get("group_size", quant.get("q_group_size"))
     group = group if isinstance(group, int) and not isinstance(group, bool) and group > 0 \
         else None
+    compressed = method == "compressed-tensors"
+    if compressed:
+        bits, ct_group = _compressed_weights(quant)
+        group = ct_group or group
     for name, src in tensors.items():
-        if name.endswith(".weight") and src.dtype.name.startswith("F8_"):
+        if name.endswith(".weight") and (src.dtype.name.startswith("F8_") or (
+                compressed and src.dtype.name in ("I8", "U8"))):
             stem = name[: -len("weight")]
-            companions = [stem + s for s in ("weight_scale_inv", "weight_scale", "input_scale")
-                          if stem + s in tensors]
+            companions = [stem + s for s in ("weight_scale_inv", "weight_scale", "input_scale",
+                                             "weight_zero_point") if stem + s in tensors]
             if not companions:
                 continue
             out.bases[name] = Base(Logical(dtype=logical_dtype, shape=src.shape))
@@ -146,7 +181,24 @@ def find_quantized(tensors: Mapping[str, SourceTensor], config: Mapping[str, Any
                                     f"{list(tensors[companion].shape)}: an activation scale "
                                     "of more than one value is not a block of its weight, and "
                                     "convert cannot tell how to split it (SPEC 8.4)")
-                tie(companion, name, src.shape, _aligned(block, len(src.shape)))
+                tie(companion, name, src.shape, _aligned(
+                    block or ((1, group) if group else None), len(src.shape)))
+        elif compressed and name.endswith(".weight_packed") and src.dtype.name == "I32":
+            stem = name[: -len("weight_packed")]
+            if bits not in (2, 4, 8) or len(src.shape) != 2:
+                raise PlanError(f"tensor {name!r}: compressed-tensors with {bits}-bit values "
+                                f"in shape {list(src.shape)} is not a packing convert knows "
+                                "(2, 4 or 8 bits packed in I32 along the input features)")
+            grid: tuple[int, ...] = (src.shape[0], src.shape[1] * (32 // bits))
+            out.bases[name] = Base(Logical(dtype=logical_dtype, shape=grid))
+            if stem + "weight_scale" in tensors:
+                tie(stem + "weight_scale", name, grid, (None, group))
+            if stem + "weight_zero_point" in tensors:  # asymmetric: packed along the outputs
+                packed = tensors[stem + "weight_zero_point"].dtype.name == "I32"
+                tie(stem + "weight_zero_point", name, grid,
+                    ((32 // bits) if packed else None, group))
+            if stem + "weight_shape" in tensors:
+                out.replicated.add(stem + "weight_shape")
         elif name.endswith(".qweight") and method in ("awq", "gptq"):
             stem = name[: -len("qweight")]
             bits = quant.get("bits") or quant.get("w_bit") or 4

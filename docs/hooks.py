@@ -10,7 +10,9 @@ Markers, each alone on a line of a page, are replaced before the page is rendere
 - ``<!-- source PATH NAME -->``: the source of top-level function, class or constant ``NAME``
   of Python file ``PATH``, as a code block (found by name with ``ast``, not by line numbers);
 - ``<!-- architectures -->``: the architectures ``convert`` takes with no plan, from the test
-  matrix itself (``tests/architectures.py``) and the plan each resolves to.
+  matrix itself (``tests/architectures.py``) and the plan each resolves to;
+- ``<!-- quantization -->``: the quantized layouts the vLLM plugin is tested with, from that
+  matrix (``tests/quantized_models.py``).
 
 Two files are added to the site: ``schema/manifest.schema.json`` (the schema itself, which
 SPEC.md links to) and ``assets/benchmark-load.svg`` (a bar chart of the same results table).
@@ -37,7 +39,7 @@ BENCHMARKS = REPO / "benchmarks" / "README.md"
 CHART = "assets/benchmark-load.svg"
 
 MARKER = re.compile(r"^<!-- (cli-reference|schema-reference|benchmark-summary|include|source"
-                    r"|architectures)"
+                    r"|architectures|quantization)"
                     r"((?: \S+)*) -->[ \t]*$", re.M)
 
 
@@ -69,6 +71,8 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
             return source(args[0], args[1])
         if kind == "architectures":
             return architectures_table()
+        if kind == "quantization":
+            return quantization_table()
         raise PluginError(f"{page.file.src_uri}: bad marker {match[0]!r}")
 
     return MARKER.sub(replace, markdown)
@@ -454,20 +458,25 @@ def benchmark_chart() -> str:
 # --- the architectures table ---------------------------------------------------------------
 
 
-def architectures_table() -> str:
-    """One row per architecture of ``tests/architectures.py``: the plan ``convert`` resolves
-    with no ``--plan`` (asked of the code, not written here), what the tests convert and serve."""
+def _test_module(name: str) -> Any:
+    """``tests/NAME.py``, imported by path (the tests folder is no package)."""
     import importlib.util
 
-    from shardspec.convert.tp_plan import resolve_plan
-
-    spec = importlib.util.spec_from_file_location("architectures",
-                                                  repo_file("tests/architectures.py"))
+    spec = importlib.util.spec_from_file_location(name, repo_file(f"tests/{name}.py"))
     if spec is None or spec.loader is None:
-        raise PluginError("docs: tests/architectures.py cannot be imported")
+        raise PluginError(f"docs: tests/{name}.py cannot be imported")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
+    return module
+
+
+def architectures_table() -> str:
+    """One row per architecture of ``tests/architectures.py``: the plan ``convert`` resolves
+    with no ``--plan`` (asked of the code, not written here), what the tests convert and serve."""
+    from shardspec.convert.tp_plan import resolve_plan
+
+    module = _test_module("architectures")
     rows = ["| `model_type` | plan with no `--plan` | converted and merged back | "
             "served in vLLM | notes |", "|---|---|---|---|---|"]
     for arch in module.ARCHITECTURES:
@@ -477,4 +486,23 @@ def architectures_table() -> str:
         served = "TP 1, TP 2" if arch.served else ""
         rows.append(f"| `{arch.model_type}` | {plan} | {layouts} | {served} | "
                     f"{_cell(arch.note)} |")
+    return "\n".join(rows)
+
+
+def quantization_table() -> str:
+    """One row per layout of ``tests/quantized_models.py``, as ``tests/test_vllm_quantized.py``
+    converts and loads it."""
+    module = _test_module("quantized_models")
+    rows = ["| layout | `quant_method` (format) | each linear layer holds | converted and merged "
+            "back | in vLLM at TP 1 and 2, from TP 1 and TP 2 checkpoints |",
+            "|---|---|---|---|---|"]
+    for name, layout in module.LAYOUTS.items():
+        method = layout.config["quant_method"]
+        if "format" in layout.config:
+            method += f" (`{layout.config['format']}`)"
+        vllm = ("served: tokens and logprobs equal `auto`'s" if layout.served else
+                "loaded: every worker's bytes equal `auto`'s (vLLM's CPU kernel for it needs "
+                "AVX-512)")
+        rows.append(f"| `{name}` | {method} | {layout.tensors} | TP 1, 2, 4, TP 2 × PP 2 | "
+                    f"{vllm} |")
     return "\n".join(rows)

@@ -23,7 +23,7 @@ from torch import nn
 
 import shardspec
 from shardspec import Layout, Shard
-from shardspec.format.errors import SafetensorsError
+from shardspec.format.errors import SafetensorsError, ShardspecError
 from shardspec.integrations.vllm import replay as replay_module
 from shardspec.integrations.vllm.placements import PlacementPlan, Read, lower
 from shardspec.integrations.vllm.plan_cache import load_plan, plan_key, store_plan
@@ -283,3 +283,34 @@ def test_a_cold_file_is_read_around_the_page_cache_and_a_warm_one_through_it(
     replay(ckpt.path, ckpt.manifest, plan, _targets(model), poison=True)  # type: ignore[arg-type]
     assert torch.equal(model.w, tensors["w"][1536:]) and torch.equal(model.b, tensors["b"])
     assert sorted(direct_runs) == ([2048, 1536 * 2048 * 2] if cold else [])
+
+
+class _ConvertedScale(nn.Module):
+    """Worker ``rank`` of 2 that converts its half of a bf16 scale to float32: a copy the
+    placement cannot read straight in, so the tensor goes through ``load_weights`` for real."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank = rank
+        self.s = nn.Parameter(torch.empty(4, dtype=torch.float32), False)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        for _, w in weights:
+            self.s.data.copy_(w.narrow(0, self.rank * 4, 4).float())
+        return {"s"}
+
+
+def test_a_byte_the_loader_computes_on_outside_the_workers_box_refuses_the_load() -> None:
+    """What the loader converts rather than copies is held to the worker's box as copies are:
+    a box that leaves out a byte vLLM uses refuses the load, naming the tensor."""
+    from shardspec.integrations.vllm.agreement import check_agreement
+
+    model = _ConvertedScale(rank=1)
+    targets = _targets(model)
+    recording = record(model.load_weights, [StandIn("s", "s", (8,), torch.bfloat16)], targets)
+    assert "s" in recording.unplaceable and recording.taken["s"]
+    check_agreement(recording, {"s": (8,)}, {"s": ((4,), (4,))}, {"s"}, targets)  # its share
+    for box in (((0,), (4,)), ((4,), (3,))):  # another share; one byte short
+        with pytest.raises(ShardspecError) as refused:
+            check_agreement(recording, {"s": (8,)}, {"s": box}, {"s"}, targets)
+        assert refused.value.code == "reshard-unsupported" and "'s'" in str(refused.value)

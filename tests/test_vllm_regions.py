@@ -138,6 +138,37 @@ def test_quantization_must_be_the_engines(tmp_path: Path) -> None:
     check_quantization(_manifest(tmp_path / "none").manifest, "fp8")  # online quantization
 
 
+@pytest.mark.parametrize(("method", "engine"), [
+    ("gptq", "auto_gptq"), ("gptq", "gptq_marlin"), ("gptq", "gptq_bitblas"),
+    ("awq", "auto_awq"), ("awq", "awq_marlin"), ("compressed-tensors", "compressed-tensors")])
+def test_the_engines_kernel_variants_serve_their_method(tmp_path: Path, method: str,
+                                                        engine: str) -> None:
+    check_quantization(_manifest(tmp_path, method=method).manifest, engine, method)
+    check_quantization(_manifest(tmp_path / "b", method=method).manifest, engine, None)
+
+
+def test_a_kernel_vllm_chose_for_the_declared_method_serves_it(tmp_path: Path) -> None:
+    """vLLM runs GPTQ mixtures of experts as ``moe_wna16``: no word of the method in it."""
+    gptq = _manifest(tmp_path, method="gptq").manifest
+    check_quantization(gptq, "moe_wna16", "gptq")
+    with pytest.raises(QuantizationError, match="'gptq'.*'moe_wna16'"):
+        check_quantization(gptq, "moe_wna16", None)
+
+
+@pytest.mark.parametrize(("engine", "declared", "hint"), [
+    ("fp8", None, "leave quantization unset"),  # online fp8 on a config.json without it
+    (None, None, "lacks the checkpoint's quantization_config"),  # config.json stripped
+    ("awq", "awq", "config.json declares quantization 'awq'")])  # another model's config
+def test_a_real_mismatch_refuses_with_a_hint_that_works(tmp_path: Path, engine: str | None,
+                                                        declared: str | None,
+                                                        hint: str) -> None:
+    gptq = _manifest(tmp_path, method="gptq").manifest
+    with pytest.raises(QuantizationError) as refused:
+        check_quantization(gptq, engine, declared)
+    assert refused.value.code == "quantization-mismatch" and hint in str(refused.value)
+    assert "quantization='gptq'" not in str(refused.value)  # vLLM would map it to auto_gptq
+
+
 def test_options() -> None:
     assert LoaderOptions.parse(None) == LoaderOptions()
     assert LoaderOptions.parse({"verify": True, "save_to": "/x"}).save_to == "/x"

@@ -81,6 +81,31 @@ def generate(model: Path, load_format: str, *, tp: int = 1, pp: int = 1,
     return Generated(data["tokens"], data["logprobs"], data["seconds"], log)
 
 
+def loaded_state(model: Path, load_format: str, *, tp: int = 1,
+                 extra: dict[str, Any] | None = None) -> dict[int, dict[str, str]]:
+    """tp_rank -> name -> sha256 of every parameter and buffer of a fresh engine's workers,
+    right after the load format's ``load_weights`` (before vLLM processes the weights; the
+    engine stops there). For layouts whose kernels this CPU lacks: the bytes placed are what
+    can be compared with ``auto``'s. shardspec runs with SHARDSPEC_VLLM_CHECK_BOXES."""
+    if load_format == "shardspec":
+        extra = {"plan_cache": False, **(extra or {})}
+    request = {"model": str(model), "load_format": load_format, "tp": tp, "extra": extra,
+               "prompts": PROMPTS, "digest": True}
+    environment = {**os.environ, "SHARDSPEC_VLLM_CHECK_BOXES": "1",
+                   "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    environment.pop("PYTHONPATH", None)
+    proc = subprocess.run([str(vllm_python()), str(RUNNER), json.dumps(request)], env=environment,
+                          capture_output=True, text=True, timeout=900)
+    states = [json.loads(line[len("STATE "):]) for line in proc.stdout.splitlines()
+              if line.startswith("STATE ")]
+    by_rank = {state["tp_rank"]: state["sha256"] for state in states}
+    if sorted(by_rank) != list(range(tp)):
+        raise EngineError(f"vLLM ({load_format}, tp={tp}) on {model} printed the state of ranks "
+                          f"{sorted(by_rank)}, exit status {proc.returncode}",
+                          proc.stdout + proc.stderr)
+    return by_rank
+
+
 def save_llama(path: Path, *, tie: bool = False) -> Path:
     """A random Llama with grouped-query attention (8 query heads, 2 key/value heads of 32)
     and a vocabulary of 1000 (vLLM pads it to 1024), saved as transformers saves it."""

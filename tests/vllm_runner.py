@@ -12,6 +12,11 @@ format (not every loader logs its own time): each worker prints
 ``VmHWM`` after vLLM's ``load_model``. vLLM's processes are started by multiprocessing's
 spawn, which imports this file in each of them: the wrapper is installed there from
 :data:`TIME_LOAD_ENV`.
+
+``"digest": true`` has each worker print, right after ``load_weights`` and before vLLM
+processes the weights, ``STATE {"tp_rank": ..., "pp_rank": ..., "sha256": {name: ...}}``: the
+bytes the load format placed in every parameter and buffer. Where the engine cannot go on (a
+quantization kernel this CPU lacks), those lines are the result: the run stops there.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import sys
 import time
 
 TIME_LOAD_ENV = "SHARDSPEC_RUNNER_TIME_LOAD"
+DIGEST_ENV = "SHARDSPEC_RUNNER_DIGEST"
 
 
 def main() -> None:
@@ -36,6 +42,9 @@ def main() -> None:
     if request.get("time_load"):
         os.environ[TIME_LOAD_ENV] = "1"  # for workers started by spawn, which import this file
         _time_load_weights()
+    if request.get("digest"):
+        os.environ[DIGEST_ENV] = "1"
+        _digest_after_load_weights()
     started = time.perf_counter()
     llm = LLM(model=request["model"], load_format=request.get("load_format", "auto"),
               tensor_parallel_size=tp, pipeline_parallel_size=pp,
@@ -89,7 +98,46 @@ def _time_load_weights() -> None:
     BaseModelLoader.load_model = timed_load_model
 
 
+def _digest_after_load_weights() -> None:
+    import hashlib
+
+    import torch
+    from vllm.distributed import get_pp_group, get_tp_group
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+
+    load_model = BaseModelLoader.load_model
+
+    def digest_load_model(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        inner = self.load_weights
+
+        def load_weights(model, model_config):  # type: ignore[no-untyped-def]
+            inner(model, model_config)
+            digests = {}
+            for name, tensor in model.state_dict().items():
+                flat = tensor.detach().contiguous().reshape(-1)
+                digests[name] = hashlib.sha256(flat.view(torch.uint8).numpy()
+                                               .tobytes()).hexdigest()
+            print("STATE " + json.dumps({"tp_rank": get_tp_group().rank_in_group,
+                                         "pp_rank": get_pp_group().rank_in_group,
+                                         "sha256": digests}), flush=True)
+            # vLLM's processing and the engine's start are not what is compared: every worker
+            # has printed once all pass the barrier, and then they stop
+            import torch.distributed as dist
+            from vllm.distributed import get_world_group
+
+            dist.barrier(group=get_world_group().cpu_group)
+            os._exit(0)
+
+        self.load_weights = load_weights
+        return load_model(self, *args, **kwargs)
+
+    BaseModelLoader.load_model = digest_load_model
+
+
 if __name__ == "__main__":
     main()
-elif os.environ.get(TIME_LOAD_ENV) == "1":  # a vLLM process started by spawn
-    _time_load_weights()
+else:  # a vLLM process started by spawn
+    if os.environ.get(TIME_LOAD_ENV) == "1":
+        _time_load_weights()
+    if os.environ.get(DIGEST_ENV) == "1":
+        _digest_after_load_weights()

@@ -12,7 +12,10 @@ against the boxes vLLM's rules give the worker of each checkpoint tensor's globa
 region a parameter takes must lie inside the tensor's box, and where the box is the worker's
 share (a cut tensor, or any tensor at ``tp_size`` 1) the regions taken must reach its ends.
 Tensors read in part by design (routed experts under expert parallelism; fused ones vLLM cuts
-per member) are held to the first rule only.
+per member) are held to the first rule only. What the loader computes on rather than copies (a
+scale converted to its parameter's dtype) is held to both, by every element it may have read
+(:attr:`.recorder.Recording.taken`): a byte vLLM uses that the worker would not read refuses
+the load, naming the tensor.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import torch
 
 from ...format.errors import Finding, error_for
 from ...reshard.plan import Box
-from .placements import source_box
+from .placements import covering_box, source_box
 from .recorder import Recording
 
 __all__ = ["bounding", "check_agreement"]
@@ -36,17 +39,20 @@ def check_agreement(recording: Recording, shapes: Mapping[str, tuple[int, ...]],
     copy takes a region outside its tensor's box in ``boxes``, or where the regions taken of a
     tensor in ``exact`` do not span its box. ``shapes``: each tensor's global shape."""
     spans: dict[str, tuple[Box, str]] = {}  # tensor -> bounding box taken, a target taking it
-    for copy in recording.copies:
-        box = boxes.get(copy.source)
-        region = source_box(copy.src, shapes[copy.source])
+    taken = [(copy.source, source_box(copy.src, shapes[copy.source]), copy.target)
+             for copy in recording.copies]
+    # what the loader computed on (converted, broadcast): every element it may have read
+    taken += [(name, covering_box(region, shapes[name]), "?")
+              for name, regions in recording.taken.items() for region in regions]
+    for name, region, target in taken:
+        box = boxes.get(name)
         if box is None or region is None:
             continue  # not handed by box, or no box: the placement refuses it by itself
         if not _inside(region, box):
-            raise _disagreement(copy.source, shapes[copy.source], copy.target, targets,
-                                region, box)
-        before = spans.get(copy.source)
-        spans[copy.source] = (region if before is None else bounding(before[0], region),
-                              copy.target)
+            raise _disagreement(name, shapes[name], target, targets, region, box)
+        before = spans.get(name)
+        spans[name] = (region if before is None else bounding(before[0], region),
+                       target if before is None or before[1] == "?" else before[1])
     for name, (span, target) in spans.items():
         if name in exact and span != boxes[name]:
             raise _disagreement(name, shapes[name], target, targets, span, boxes[name])

@@ -22,20 +22,37 @@ class EngineRank:
     expert_parallel: bool = False
 
 
-def check_quantization(manifest: Manifest, engine_method: str | None) -> None:
-    """The checkpoint's quantization (SPEC 8.1) must be the engine's. An unquantized checkpoint
-    serves any method (vLLM quantizes it online); vLLM's kernel variants (``awq_marlin`` for
-    ``awq``) count as their method."""
+def check_quantization(manifest: Manifest, engine_method: str | None,
+                       declared_method: str | None = None) -> None:
+    """The checkpoint's quantization (SPEC 8.1) must be what the engine runs.
+
+    ``engine_method`` is vLLM's ``model_config.quantization``: the kernel family it chose, not
+    the checkpoint's method (a GPTQ checkpoint runs as ``auto_gptq``, ``gptq_marlin`` or
+    ``moe_wna16``). ``declared_method`` is the ``quant_method`` of the config.json vLLM read.
+    The engine serves the checkpoint's method where its kernel is a variant of it (the method
+    is one of its ``_``-separated words) or where it chose that kernel for a config.json that
+    declares the checkpoint's method. An unquantized checkpoint serves any method (vLLM
+    quantizes it online)."""
     method = manifest.quantization.method
-    engine = engine_method or "none"
-    if method == "none" or engine == method or engine.startswith(method + "_"):
+    engine = (engine_method or "none").lower()
+    declared = (declared_method or "none").lower()
+    if method == "none" or engine == method or method in engine.split("_"):
         return
+    if engine != "none" and declared == method:
+        return
+    # vLLM itself refuses a quantization argument that is not the declared method's kernel,
+    # so what is left is a config.json that is not the checkpoint's
+    if declared != "none":
+        hint = (f"config.json declares quantization {declared!r}: serve the checkpoint with "
+                "the config.json it was converted with (among its extra files)")
+    else:
+        hint = ("config.json lacks the checkpoint's quantization_config: serve the checkpoint "
+                "with the config.json it was converted with (among its extra files) and "
+                "leave quantization unset, so that vLLM picks the method's kernel")
     raise QuantizationError(Finding(
         code="quantization-mismatch", file="shardspec.json", json_path="$.quantization.method",
         message=f"the checkpoint is quantized with {method!r} but the vLLM engine runs "
-        f"quantization {engine!r}",
-        hint=f"start the engine with quantization={method!r} (or leave it unset so vLLM reads "
-        "config.json)"))
+        f"quantization {engine!r}", hint=hint))
 
 
 def own_rank(manifest: Manifest, rank: EngineRank) -> int | None:

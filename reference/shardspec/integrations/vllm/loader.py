@@ -27,6 +27,7 @@ engine's.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -44,6 +45,7 @@ from ...format.dtypes import DTYPES, torch_layout
 from ...format.errors import Finding, error_for
 from ...format.experts import expert_count, find_experts
 from ...format.manifest import Alias, Manifest, TensorRecord
+from ...format.ties import packing, tied_box
 from ...reader import Checkpoint, open_checkpoint
 from ...reshard.boxes import ReadStats
 from ...reshard.load import LOCAL_GAP_BUDGET, execute_reshard
@@ -56,8 +58,8 @@ from .own_layout import is_own_state, rank_values
 from .placements import PlacementError, PlacementPlan, lower, own_layout_plan
 from .plan_cache import load_plan, plan_key, store_plan
 from .recorder import Recording, RecordingFailed, StandIn, record
-from .regions import Heads, plan_for, vllm_box
-from .replay import replay
+from .regions import Heads, plan_for, quantized_of, vllm_box
+from .replay import poison_, replay
 from .source import open_source
 from .state import save_worker_state
 
@@ -66,9 +68,13 @@ __all__ = ["ShardspecModelLoader"]
 # Under vLLM's logger, so that its "Loading weights took" line reads like the other loaders'.
 logger = init_logger("vllm.model_executor.model_loader.shardspec")
 
-#: Set to 1 to fill what a worker does not read with NaN: a model that then serves correctly
-#: proves vLLM used only the bytes read (the plugin's tests run with it).
+#: Set to 1 to fill what a worker does not read with NaN (integers with all bits set): a model
+#: that then serves correctly proves vLLM used only the bytes read (the plugin's tests run
+#: with it).
 CHECK_BOXES_ENV = "SHARDSPEC_VLLM_CHECK_BOXES"
+#: Why a plan hands every tensor to ``load_weights``: nothing checked where vLLM's loaders
+#: take each tensor's bytes, so each is read whole.
+RECORDING_FAILED = "recording failed"
 
 
 class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has no stubs
@@ -83,7 +89,8 @@ class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has n
 
     def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
         checkpoint = self._open(model_config)
-        check_quantization(checkpoint.manifest, model_config.quantization)
+        check_quantization(checkpoint.manifest, model_config.quantization,
+                           _declared_method(model_config))
         rank = _engine_rank()
         started = time.perf_counter()
         stats = ReadStats()
@@ -104,15 +111,18 @@ class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has n
         else:
             refuse_rank_local(checkpoint.manifest, rank)
             if checkpoint.is_remote:
+                checked = True
                 try:  # to check the shapes only: every tensor goes through load_weights
                     _recorded(checkpoint, model, rank, config,
                               _stand_ins(checkpoint.manifest, model, config), _targets(model))
                 except RecordingFailed as error:
+                    checked = False
                     logger.warning("shardspec: the model's load_weights could not be recorded "
-                                   "(%s); the checkpoint's shapes are not checked", error)
+                                   "(%s); its tensors are read whole", error)
                 load: Any = model.load_weights  # the vLLM model's own; nn.Module has no type
                 loaded = load(global_tensors(
-                    checkpoint, model, rank, config, verify=self.options.verify, stats=stats))
+                    checkpoint, model, rank, config, verify=self.options.verify, stats=stats,
+                    whole=not checked))
                 _check_all_loaded(model, loaded, checkpoint)
             else:
                 self._place(checkpoint, model, rank, config, stats)
@@ -153,7 +163,9 @@ class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has n
                 logger.info("shardspec: %s goes through load_weights: %s", name, why)
             load: Any = model.load_weights
             load(global_tensors(checkpoint, model, rank, config, verify=self.options.verify,
-                                stats=stats, only=set(plan.fallback)))
+                                stats=stats, only=set(plan.fallback),
+                                whole=any(why.startswith(RECORDING_FAILED)
+                                          for why in plan.fallback.values())))
 
     def _open(self, model_config: ModelConfig) -> Checkpoint:
         if self.options.source is not None:  # in object storage, model its local files
@@ -198,6 +210,14 @@ def _declared_config(model_config: ModelConfig) -> dict[str, Any]:
     if getattr(model_config, "word_embeddings_untied_by_checkpoint", False):
         config["tie_word_embeddings"] = True
     return config
+
+
+def _declared_method(model_config: ModelConfig) -> str | None:
+    """The ``quant_method`` of the config.json vLLM read."""
+    quant = getattr(model_config.hf_config, "quantization_config", None)
+    method = quant.get("quant_method") if isinstance(quant, dict) else \
+        getattr(quant, "quant_method", None)
+    return None if method is None else str(method)
 
 
 def _handed_names(manifest: Manifest, model: nn.Module, config: dict[str, Any]) -> list[str]:
@@ -251,7 +271,8 @@ def _record_plan(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
     except (RecordingFailed, PlacementError) as error:
         logger.warning("shardspec: the model's load_weights could not be recorded (%s); every "
                        "tensor goes through it", error)
-        return PlacementPlan(fallback={s.data: f"recording failed: {error}" for s in stand_ins})
+        return PlacementPlan(fallback={s.data: f"{RECORDING_FAILED}: {error}"
+                                       for s in stand_ins})
 
 
 def _recorded(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
@@ -295,18 +316,20 @@ def load_own_rank(checkpoint: Checkpoint, rank: int, model: nn.Module, device: t
                                    mmap=device.type == "cpu" and not checkpoint.is_remote)
     state = model.state_dict()
     _check_own_rank(rank, model, state,
-                    {name: (t.dtype, tuple(t.shape)) for name, t in tensors.items()})
+                    {name: (t.dtype, tuple(t.shape)) for name, t in tensors.items()},
+                    exempt_parameters(model, checkpoint))
     for name, tensor in tensors.items():
         state[name].copy_(tensor)
 
 
 def _check_own_rank(rank: int, model: nn.Module, state: dict[str, torch.Tensor],
-                    held: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> None:
+                    held: dict[str, tuple[torch.dtype, tuple[int, ...]]],
+                    exempt: set[str]) -> None:
     """Checkpoint rank ``rank`` (``held``: name -> dtype and shape) fits the model: every
-    parameter is there, as the model holds it; a buffer that is not (a scale vLLM initialises
-    itself) keeps its value (logged)."""
+    parameter but the ``exempt`` is there, as the model holds it; a buffer or exempt parameter
+    that is not (a scale vLLM initialises itself) keeps its value (logged)."""
     params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
-    missing = sorted(name for name in params if name not in held)
+    missing = sorted(name for name in params if name not in held and name not in exempt)
     if missing:
         raise error_for(Finding(
             code="reshard-unsupported", tensor=missing[0], file="shardspec.json",
@@ -319,7 +342,7 @@ def _check_own_rank(rank: int, model: nn.Module, state: dict[str, torch.Tensor],
                 code="reshard-unsupported", tensor=name, file="shardspec.json",
                 message=f"checkpoint rank {rank} holds it as {dtype} {list(shape)}, the vLLM "
                 f"model as {target.dtype} {list(target.shape)}"))
-    kept = sorted(set(state) - set(held) - params)
+    kept = sorted(set(state) - set(held) - (params - exempt))
     if kept:
         logger.info("shardspec: %d buffers not in the checkpoint keep vLLM's values (%s...)",
                     len(kept), kept[0])
@@ -333,7 +356,7 @@ def place_own_rank(checkpoint: Checkpoint, rank: int, model: nn.Module, *, verif
     plan = checkpoint.plan(rank)
     held = {name: torch_layout(DTYPES[dtype], shape)
             for name, (dtype, shape) in rank_values(plan).items()}
-    _check_own_rank(rank, model, state, held)
+    _check_own_rank(rank, model, state, held, exempt_parameters(model, checkpoint))
     if not all(state[name].is_contiguous() for name in held):
         load_own_rank(checkpoint, rank, model, _model_device(model), verify)
         return
@@ -362,6 +385,24 @@ def worker_boxes(manifest: Manifest, model: nn.Module, rank: EngineRank, config:
     records = {n: r for n, r in manifest.tensors.items() if isinstance(r, TensorRecord)}
     experts = find_experts({n: r.shape for n, r in records.items()},
                            expert_count=expert_count(config))
+    quantized = quantized_of(records, config)
+
+    def box_of(name: str, data: str) -> Box:
+        record = records[data]
+        assert record.shape is not None
+        tie = record.tied_to
+        if data in quantized.replicated:
+            return (0,) * len(record.shape), record.shape
+        if tie is not None and tie.tensor in records:  # a scale follows its weight's blocks
+            found = tied_box(records[tie.tensor], box_of(tie.tensor, tie.tensor), tie,
+                             record.shape)
+            return ((0,) * len(record.shape), record.shape) if isinstance(found, str) \
+                else found
+        base = quantized.bases.get(data)
+        return vllm_box(name, record.shape, rank, plan=plan, heads=heads,
+                        expert=data in experts, pack=packing(record),
+                        input_major=base is not None and base.input_major)
+
     wanted: dict[str, tuple[str, Box]] = {}
     boxes: dict[str, Box] = {}
     for name in _handed_names(manifest, model, config):
@@ -369,10 +410,7 @@ def worker_boxes(manifest: Manifest, model: nn.Module, rank: EngineRank, config:
             continue
         entry = manifest.tensors[name]
         data = entry.alias_of if isinstance(entry, Alias) else name
-        record = records[data]
-        assert record.shape is not None
-        box = vllm_box(name, record.shape, rank, plan=plan, heads=heads,
-                       expert=data in experts)
+        box = box_of(name, data)
         wanted[name] = (data, box)
         boxes[data] = bounding(boxes[data], box) if data in boxes else box
     exact = {data for data, box in boxes.items()
@@ -383,13 +421,18 @@ def worker_boxes(manifest: Manifest, model: nn.Module, rank: EngineRank, config:
 
 def global_tensors(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
                    config: dict[str, Any], *, verify: bool, stats: ReadStats | None = None,
-                   only: set[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+                   only: set[str] | None = None, whole: bool = False
+                   ) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of every tensor the worker's stage holds (of those whose data is in
     ``only``, where given), in the global shape, with the worker's box read (see
-    :mod:`.regions`); what is outside the box is never read."""
+    :mod:`.regions`; with ``whole``, every tensor whole: where no recording of the loader
+    checked the boxes); what is outside the box is never read."""
     manifest = checkpoint.manifest
     records = {n: r for n, r in manifest.tensors.items() if isinstance(r, TensorRecord)}
     wanted, boxes, _ = worker_boxes(manifest, model, rank, config)
+    if whole:
+        boxes = {data: _whole(records[data]) for data in boxes}
+        wanted = {name: (data, boxes[data]) for name, (data, _) in wanted.items()}
     if only is not None:
         wanted = {name: (data, box) for name, (data, box) in wanted.items() if data in only}
         boxes = {data: boxes[data] for data, _ in wanted.values()}
@@ -412,6 +455,11 @@ def global_tensors(checkpoint: Checkpoint, model: nn.Module, rank: EngineRank,
         record = records[data]
         assert record.shape is not None
         yield name, _in_global_shape(pieces[data], boxes[data], record.shape, box, poison)
+
+
+def _whole(record: TensorRecord) -> Box:
+    assert record.shape is not None
+    return (0,) * len(record.shape), record.shape
 
 
 def _mapped_boxes(checkpoint: Checkpoint, records: dict[str, TensorRecord],
@@ -470,8 +518,8 @@ def _in_global_shape(piece: torch.Tensor, read: Box, shape: tuple[int, ...], box
     if read[1] == shape:
         return piece
     full = torch.empty(shape, dtype=piece.dtype)
-    if poison and full.is_floating_point() and full.numel():
-        full.fill_(float("nan"))
+    if poison:
+        poison_(full)
     region = tuple(slice(o, o + s) for o, s in zip(read[0], read[1], strict=True))
     full[region] = piece
     return full
@@ -479,13 +527,34 @@ def _in_global_shape(piece: torch.Tensor, read: Box, shape: tuple[int, ...], box
 
 def _check_all_loaded(model: nn.Module, loaded: set[str] | None, checkpoint: Checkpoint) -> None:
     """As vLLM's default loader: every parameter of the model was loaded (where the model
-    reports what it loaded)."""
+    reports what it loaded), but those vLLM's own loader lets a quantized checkpoint lack
+    (:func:`exempt_parameters`)."""
     if loaded is None:
         return
     params = {name for name, _ in model.named_parameters()}
-    missing = sorted(params - set(loaded))
+    missing = sorted(params - set(loaded) - exempt_parameters(model, checkpoint))
     if missing:
         raise error_for(Finding(
             code="reshard-unsupported", tensor=missing[0], file="shardspec.json",
             message=f"the vLLM model's parameters {missing[:5]} ({len(missing)} in all) were "
             f"not loaded from the checkpoint at {checkpoint.path}"))
+
+
+def exempt_parameters(model: nn.Module, checkpoint: Checkpoint) -> set[str]:
+    """The parameters of a quantized model that no checkpoint need carry, by vLLM's own rule
+    (``DefaultModelLoader.track_weights_loading``, which adds them to the loaded names it is
+    given): KV-cache scales, online-quantization parameters, empty placeholders, parameters
+    built from the quantization config. None for an unquantized checkpoint: every parameter
+    is then the checkpoint's, as every test model's is."""
+    if checkpoint.manifest.quantization.method == "none":
+        return set()
+    from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+    track = getattr(DefaultModelLoader, "track_weights_loading", None)
+    if track is None:  # another vLLM: nothing is exempt
+        return set()
+    exempt: set[str] = set()
+    # it then names every other parameter as not loaded: that is ours to say, or not
+    with contextlib.suppress(ValueError):
+        track(None, model, exempt, quantized=True)  # its self is unused
+    return exempt

@@ -28,7 +28,8 @@ from ...format.manifest import Manifest, TensorRecord
 from ...format.pieces import Piece
 from .recorder import Copy, Fill, Recording, Region
 
-__all__ = ["PLAN_VERSION", "PlacementPlan", "Read", "lower", "own_layout_plan", "source_box"]
+__all__ = ["PLAN_VERSION", "PlacementPlan", "Read", "covering_box", "lower", "own_layout_plan",
+           "source_box"]
 
 #: Bumped when the meaning of a cached plan changes: older plans are then recorded again.
 PLAN_VERSION = 1
@@ -105,12 +106,13 @@ def lower(recording: Recording, manifest: Manifest, targets: Mapping[str, torch.
     Raises :class:`PlacementError` where the recording cannot be replayed whole."""
     fallback = dict(recording.unplaceable)
     reads: list[Read] = []
+    copies, superseded = _last_writes(recording.copies)
     records = {c.source: manifest.tensors[c.source] for c in recording.copies}
     replicated = {name for name, r in records.items()
                   if isinstance(r, TensorRecord) and any(p.replica for p in r.pieces)}
     files: set[str] = set()  # those read so far
     # Unreplicated tensors first: of a replicated region, the copy in a file read anyway.
-    for copy in sorted(recording.copies, key=lambda c: c.source in replicated):
+    for copy in sorted(copies, key=lambda c: c.source in replicated):
         record = records[copy.source]
         assert isinstance(record, TensorRecord) and record.shape is not None
         lowered = _reads_of(copy, record, targets[copy.target], files)
@@ -119,11 +121,29 @@ def lower(recording: Recording, manifest: Manifest, targets: Mapping[str, torch.
         else:
             reads += lowered
             files.update(r.file for r in lowered)
+    # A region written again by a tensor the loader writes for real is written after the
+    # reads: so is the later write's tensor, in the loader's own order.
+    for _ in superseded:
+        for earlier, later in superseded:
+            if earlier in fallback and later not in fallback:
+                fallback[later] = f"writes a region {earlier!r} writes too, after it"
     # A tensor that one of its copies could not place goes to the loader whole.
     plan = PlacementPlan([r for r in reads if r.tensor not in fallback],
                          list(recording.fills), fallback)
     _check_writes(plan, recording, targets)
     return plan
+
+
+def _last_writes(copies: list[Copy]) -> tuple[list[Copy], list[tuple[str, str]]]:
+    """The copies whose region of their target no later copy writes again, and (earlier,
+    later) source of each that one does. vLLM's loaders write some regions once per part of
+    a fused layer (its one activation scale, from each of q, k and v): the model holds the
+    last."""
+    last = {(c.target, c.dst): i for i, c in enumerate(copies)}
+    kept = [c for i, c in enumerate(copies) if last[c.target, c.dst] == i]
+    superseded = [(c.source, copies[last[c.target, c.dst]].source)
+                  for i, c in enumerate(copies) if last[c.target, c.dst] != i]
+    return kept, superseded
 
 
 class PlacementError(ValueError):
@@ -231,6 +251,38 @@ def source_box(region: Region, shape: tuple[int, ...]) -> tuple[tuple[int, ...],
     for g, n, _ in dims:
         extent[g] = n
     return tuple(start), tuple(extent)
+
+
+def covering_box(region: Region, shape: tuple[int, ...]) -> tuple[tuple[int, ...],
+                                                                  tuple[int, ...]]:
+    """The smallest box of a contiguous tensor of ``shape`` that holds every element
+    ``region`` views (where it is no box: from its first element to its last, whole along
+    every dimension after the first one they differ in)."""
+    box = source_box(region, shape)
+    if box is not None:
+        return box
+    last = region.offset + sum((n - 1) * s for n, s in zip(region.shape, region.strides,
+                                                          strict=True) if n)
+    lo, hi = _index(region.offset, shape), _index(last, shape)
+    start, extent = [], []
+    for d, (a, b) in enumerate(zip(lo, hi, strict=True)):
+        if a == b:
+            start.append(a)
+            extent.append(1)
+            continue
+        start += [min(a, b)] + [0] * (len(shape) - d - 1)
+        extent += [abs(b - a) + 1] + list(shape[d + 1:])
+        break
+    return tuple(start), tuple(extent)
+
+
+def _index(offset: int, shape: tuple[int, ...]) -> list[int]:
+    out = []
+    for d in range(len(shape)):
+        stride = math.prod(shape[d + 1:])
+        out.append(offset // stride if stride else 0)
+        offset = offset % stride if stride else offset
+    return out
 
 
 def _as_box(region: Region, shape: tuple[int, ...]

@@ -12,7 +12,9 @@ vLLM's own rules; a dispatch mode watches every operation and, instead of doing 
 Views share their base's storage, so a region is a storage offset, strides and a shape. What
 cannot be expressed so (a loader that computes on the weights, converts their dtype, or writes
 a target some other way) is noted per checkpoint tensor in :attr:`Recording.unplaceable`: those
-tensors go through the loader for real. Nothing of the model is written while recording.
+tensors go through the loader for real, and the regions of them it computed on are kept in
+:attr:`Recording.taken`, so that what a worker reads for it can be checked to hold them.
+Nothing of the model is written while recording.
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ class Recording:
     unplaced_targets: set[str] = field(default_factory=set)
     #: the target names ``load_weights`` reported loaded (None where it reports nothing)
     loaded: set[str] | None = None
+    #: checkpoint tensor -> regions of it the loader computed on (not copied as they are)
+    taken: dict[str, list[Region]] = field(default_factory=dict)
 
 
 class RecordingFailed(RuntimeError):
@@ -137,6 +141,15 @@ class _Watcher(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's o
             self.current = item.data
             yield item.name, tensor
 
+    def _taken(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Note the regions of stand-ins (not of values computed from them) in ``tensors``."""
+        for tensor in tensors:
+            storage = _storage(tensor)
+            if storage in self.computed:
+                continue
+            for name in self.sources.get(storage, ()):
+                self.recording.taken.setdefault(name, []).append(Region.of(tensor))
+
     def _unplaceable(self, names: Iterable[str], why: str) -> None:
         for name in names:
             self.recording.unplaceable.setdefault(name, why)
@@ -150,6 +163,8 @@ class _Watcher(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's o
         if written:
             self._write(func, args, written, sources)
             return args[0]
+        if sources and not getattr(func, "is_view", False):
+            self._taken(tensors)
         out = func(*args, **kwargs)
         if sources and not getattr(func, "is_view", False):
             # A value computed from stand-ins: where it lands cannot be expressed as a read.
@@ -170,6 +185,7 @@ class _Watcher(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's o
                        else "computed on before it is copied" if _storage(src) in self.computed
                        else "broadcast into its parameter")
                 self._unplaceable(sources, why)
+                self._taken([src])
                 self.recording.unplaced_targets.add(written)
                 return
             (source,) = sources

@@ -16,8 +16,12 @@ tests fill that memory with NaN to prove it never is). The rules, as vLLM 0.3x a
 - routed experts under expert parallelism: whole (vLLM picks the worker's experts);
 - tensors that are already fused (``gate_up_proj``, ``qkv_proj``: vLLM cuts each member
   separately): whole; the boxes of each part a rank holds are :func:`fused_parts`;
-- anything the tensor-parallel plan replicates, ties (quantization scales), or that no plan
-  describes: whole.
+- a quantized weight: the same cut of its grid (SPEC 8.4), in whole packs; AWQ and GPTQ grids
+  are ``[in, out]``, so a column-parallel one is cut along its last dim;
+- a scale, zero point or group index tied to its weight (SPEC 8.4): the blocks of the weight's
+  box (:func:`shardspec.format.ties.tied_box`); per-tensor scales and compressed-tensors'
+  ``weight_shape``: whole;
+- anything the tensor-parallel plan replicates, or that no plan describes: whole.
 
 Which dimension a tensor is split along comes from the tensor-parallel plan
 (:mod:`shardspec.convert.tp_plan`), the same plan ``convert`` follows.
@@ -29,13 +33,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ...convert.quantized import Quantized, find_quantized
 from ...convert.tp_plan import PlanError, TPPlan, resolve_plan, split_dim
 from ...convert.vllm_names import VOCAB_PADDING, vocab_rows
+from ...format.dtypes import DTYPES, DType
 from ...format.heads import HeadsError, heads_of_rank
+from ...format.manifest import TensorRecord
 from ...reshard.plan import Box, slice_of
 from .layouts import EngineRank
 
-__all__ = ["FUSED_MODULES", "Heads", "fused_parts", "plan_for", "vllm_box"]
+__all__ = ["FUSED_MODULES", "Heads", "fused_parts", "plan_for", "quantized_of", "vllm_box"]
 
 _VOCAB_TENSORS = ("embed_tokens.weight", "lm_head.weight")
 _KV_MODULES = ("k_proj", "v_proj")
@@ -80,6 +87,24 @@ def plan_for(config: Mapping[str, Any] | None) -> TPPlan | None:
         return None
 
 
+@dataclass(frozen=True)
+class _Stored:
+    shape: tuple[int, ...]
+    dtype: DType
+
+
+def quantized_of(records: Mapping[str, TensorRecord], config: Mapping[str, Any] | None
+                 ) -> Quantized:
+    """The quantized weights as ``convert`` reads them from these records and config.json
+    (which grids are ``[in, out]``, which quantizer outputs are whole on every rank); none
+    where convert would refuse the checkpoint."""
+    try:
+        return find_quantized({n: _Stored(r.shape, DTYPES[r.dtype])
+                               for n, r in records.items() if r.shape is not None}, config)
+    except PlanError:
+        return Quantized()
+
+
 def vllm_box(
     name: str,
     shape: tuple[int, ...],
@@ -88,24 +113,38 @@ def vllm_box(
     plan: TPPlan | None,
     heads: Heads | None,
     expert: bool = False,
+    pack: tuple[int, ...] | None = None,
+    input_major: bool = False,
     vocab_padding: int = VOCAB_PADDING,
 ) -> Box:
-    """The box of global tensor ``name`` (of ``shape``) that ``rank`` needs."""
+    """The box of global tensor ``name`` (of ``shape``) that ``rank`` needs.
+
+    A quantized weight is cut in its grid (SPEC 8.4): ``pack`` grid elements to a stored one
+    along each dim, the grid ``[in, out]`` where ``input_major`` (AWQ, GPTQ), so that a
+    column-parallel split cuts its last dim; a cut inside a pack is not vLLM's and the box is
+    then whole (the agreement check refuses what vLLM would take of it)."""
     whole: Box = ((0,) * len(shape), shape)
     style = plan.style_of(name) if plan is not None else None
     fused = _module_leaf(name) in _FUSED_MODULES or name.rpartition(".")[2] in _FUSED_MODULES
     if style is None or rank.tp_size == 1 or fused or (expert and rank.expert_parallel):
         return whole
+    pack = pack or (1,) * len(shape)
+    grid = tuple(n * p for n, p in zip(shape, pack, strict=False)) + shape[len(pack):]
     try:
-        dim = split_dim(style, shape, name)
+        dim = split_dim(style, grid, name)
     except PlanError:
         return whole
     if dim is None:
         return whole
-    size = shape[dim]
+    output = 0
+    if input_major and len(grid) >= 2 and dim >= len(grid) - 2:
+        dim = (2 * len(grid) - 3) - dim  # the grid is [in, out]: swap the last two dims
+        output = len(grid) - 1
+    size = grid[dim]
     if name.endswith(_VOCAB_TENSORS) and dim == 0:
         start, length, _ = vocab_rows(size, rank.tp_size, rank.tp_rank, vocab_padding)
-    elif _is_kv(name) and dim == 0 and heads is not None and size == heads.kv * heads.head_dim:
+    elif _is_kv(name) and dim == output and heads is not None and \
+            size == heads.kv * heads.head_dim:
         try:  # the same rule convert and resharding cut heads by
             held = heads_of_rank(rank.tp_rank, rank.tp_size, heads.attention, heads.kv).kv
         except HeadsError:
@@ -113,6 +152,10 @@ def vllm_box(
         start, length = held.start * heads.head_dim, len(held) * heads.head_dim
     else:
         start, length = slice_of(size, rank.tp_size, rank.tp_rank)
+    step = pack[dim] if dim < len(pack) else 1
+    if start % step or (length % step and start + length != size):
+        return whole
+    start, length = start // step, -(-length // step)
     offset = tuple(start if d == dim else 0 for d in range(len(shape)))
     return offset, tuple(length if d == dim else s for d, s in enumerate(shape))
 

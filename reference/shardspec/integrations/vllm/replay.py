@@ -50,7 +50,7 @@ from ...storage.paths import open_inside
 from .placements import PlacementPlan, Read
 
 __all__ = ["DIRECT_IN_FLIGHT", "GAP_BYTES", "PARAM_HUGE_PAGES", "REPLAY_THREADS", "ROWS_PER_CALL",
-           "SPAN_BYTES", "replay"]
+           "SPAN_BYTES", "poison_", "replay"]
 
 
 def _setting(name: str, default: bool) -> bool:
@@ -89,13 +89,24 @@ GAP_BYTES = 4096
 DIRECT_IN_FLIGHT = DIRECT_READS_IN_FLIGHT
 
 
+def poison_(tensor: torch.Tensor) -> None:
+    """Fill ``tensor`` with what no checkpoint byte that vLLM used could leave there unnoticed:
+    NaN, or all bits set in an integer (every int4 value 15, every int8 -1)."""
+    if tensor.is_floating_point():
+        tensor.fill_(float("nan"))
+    elif tensor.dtype == torch.bool:
+        tensor.fill_(True)
+    elif not tensor.is_complex():
+        tensor.fill_(-1 if tensor.dtype.is_signed else torch.iinfo(tensor.dtype).max)
+
+
 def replay(root: Path, manifest: Manifest, plan: PlacementPlan,
            targets: Mapping[str, torch.Tensor], *, verify: bool = False,
            stats: ReadStats | None = None, poison: bool = False) -> None:
     """Execute ``plan`` into ``targets`` (the model's parameters and buffers by name).
 
-    ``poison`` first fills every floating-point target the plan writes with NaN: a model that
-    then computes correctly proves the plan wrote every byte it uses.
+    ``poison`` first fills every target the plan writes with NaN (:func:`poison_`): a model
+    that then computes correctly proves the plan wrote every byte it uses.
     """
     sinks = {name: _Sink(targets[name]) for name in {r.target for r in plan.reads}
              | {f.target for f in plan.fills}}
@@ -157,8 +168,7 @@ class _Sink:
         self.address: int = self.array.ctypes.data
 
     def poison(self) -> None:
-        if self.target.is_floating_point():
-            self._typed().fill_(float("nan"))
+        poison_(self._typed())
 
     def fill(self, offset: int, strides: tuple[int, ...], shape: tuple[int, ...],
              value: float) -> None:

@@ -500,9 +500,10 @@ def quantization_table() -> str:
         method = layout.config["quant_method"]
         if "format" in layout.config:
             method += f" (`{layout.config['format']}`)"
-        vllm = ("served: tokens and logprobs equal `auto`'s" if layout.served else
-                "loaded: every worker's bytes equal `auto`'s (vLLM's CPU kernel for it needs "
-                "AVX-512)")
+        vllm = {"served": "served: tokens and logprobs equal `auto`'s",
+                "loaded": "loaded: every worker's bytes equal `auto`'s (vLLM's CPU kernel for "
+                          "it needs AVX-512)",
+                "": "not here: vLLM's CPU kernel for it needs AMX"}[layout.in_vllm]
         rows.append(f"| `{name}` | {method} | {layout.tensors} | TP 1, 2, 4, TP 2 × PP 2 | "
                     f"{vllm} |")
     return "\n".join(rows)

@@ -42,6 +42,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 GROUP = 32
+#: FP8 blocks (DeepSeek-V3 style, 128 there): 32 x 32 here, so that the tiny model's key/value
+#: projection (64 rows) splits over 2 ranks in whole blocks
+BLOCK = 32
 #: The order in which AWQ packs 8 output features into an int32 (feature ``ORDER[k]`` of a run
 #: of 8 in bits ``4k``..``4k + 3``).
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -59,9 +62,9 @@ def _int_args(bits: int, strategy: str, **more: Any) -> dict[str, Any]:
 def _compressed_tensors(fmt: str, weights: dict[str, Any],
                         activations: dict[str, Any] | None) -> dict[str, Any]:
     """A ``quantization_config`` as compressed-tensors 0.20 writes it for one scheme on every
-    ``Linear`` but the LM head."""
+    ``Linear`` but the LM head and a mixture of experts' router."""
     return {"quant_method": "compressed-tensors", "format": fmt,
-            "quantization_status": "compressed", "ignore": ["lm_head"],
+            "quantization_status": "compressed", "ignore": ["lm_head", "re:.*mlp.gate$"],
             "kv_cache_scheme": None, "global_compression_ratio": None, "version": "0.20.0",
             "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
                                           "input_activations": activations,
@@ -106,6 +109,14 @@ def _fp8_channel(weight: torch.Tensor) -> Tensors:
     return {"weight": (weight / scale.float()).to(torch.float8_e4m3fn), "weight_scale": scale}
 
 
+def _fp8_block(weight: torch.Tensor) -> Tensors:
+    o, i = weight.shape
+    blocks = weight.reshape(o // BLOCK, BLOCK, i // BLOCK, BLOCK)
+    scale = (blocks.abs().amax(dim=(1, 3)) / 448).clamp(min=1e-8)
+    q = (blocks / scale[:, None, :, None]).reshape(o, i).to(torch.float8_e4m3fn)
+    return {"weight": q, "weight_scale_inv": scale}
+
+
 def _w4a16(weight: torch.Tensor) -> Tensors:
     groups = _per_group(weight, GROUP)
     scale = (groups.abs().amax(dim=2) / 7).clamp(min=1e-8).to(torch.bfloat16)
@@ -148,33 +159,38 @@ class QuantizedLayout:
     quantize: Quantizer  # one linear weight -> its tensors, by suffix
     config: dict[str, Any]  # config.json's quantization_config
     dtype: str  # config.json's dtype
-    #: vLLM's CPU build serves it here (its kernels need no AVX-512): tokens are compared;
-    #: else the bytes each worker loaded are
-    served: bool
+    #: what vLLM's CPU build does with it here: "served" (its kernels need no AVX-512: tokens
+    #: are compared), "loaded" (its kernel needs AVX-512: the bytes each worker loaded are
+    #: compared), "" (vLLM cannot build its layers here: convert and reshard only)
+    in_vllm: str
     tensors: str  # what each linear layer holds, for the docs
 
 
 LAYOUTS: dict[str, QuantizedLayout] = {
     "w8a8-int8-dynamic": QuantizedLayout(_int8_channel, _compressed_tensors(
         "int-quantized", _int_args(8, "channel"),
-        _int_args(8, "token", dynamic=True, observer=None)), "bfloat16", True,
+        _int_args(8, "token", dynamic=True, observer=None)), "bfloat16", "served",
         "`weight` I8, `weight_scale` `[o, 1]`"),
     "w8a8-int8-static": QuantizedLayout(_int8_tensor, _compressed_tensors(
-        "int-quantized", _int_args(8, "tensor"), _int_args(8, "tensor")), "bfloat16", True,
+        "int-quantized", _int_args(8, "tensor"), _int_args(8, "tensor")), "bfloat16", "served",
         "`weight` I8, `weight_scale` and `input_scale` `[1]`"),
     "w4a16": QuantizedLayout(_w4a16, _compressed_tensors(
-        "pack-quantized", _int_args(4, "group", group_size=GROUP), None), "bfloat16", False,
+        "pack-quantized", _int_args(4, "group", group_size=GROUP), None), "bfloat16", "loaded",
         "`weight_packed` I32 `[o, i/8]`, `weight_scale` `[o, i/32]`, `weight_shape`"),
     "fp8-dynamic": QuantizedLayout(_fp8_channel, _compressed_tensors(
         "float-quantized", {**_int_args(8, "channel"), "type": "float"},
         {**_int_args(8, "token", dynamic=True, observer=None), "type": "float"}), "bfloat16",
-        True, "`weight` F8_E4M3, `weight_scale` `[o, 1]`"),
+        "served", "`weight` F8_E4M3, `weight_scale` `[o, 1]`"),
+    "fp8-block": QuantizedLayout(_fp8_block, {
+        "quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+        "weight_block_size": [BLOCK, BLOCK]}, "bfloat16", "",
+        f"`weight` F8_E4M3, `weight_scale_inv` `[o/{BLOCK}, i/{BLOCK}]` (DeepSeek-V3 style)"),
     "gptq": QuantizedLayout(_gptq, {"quant_method": "gptq", "bits": 4, "group_size": GROUP,
                                     "desc_act": False, "sym": True,
-                                    "checkpoint_format": "gptq"}, "float16", False,
+                                    "checkpoint_format": "gptq"}, "float16", "loaded",
                             "`qweight` I32 `[i/8, o]`, `qzeros`, `scales` `[i/32, o]`, `g_idx`"),
     "awq": QuantizedLayout(_awq, {"quant_method": "awq", "bits": 4, "group_size": GROUP,
-                                  "zero_point": True, "version": "gemm"}, "float16", False,
+                                  "zero_point": True, "version": "gemm"}, "float16", "loaded",
                            "`qweight` I32 `[i, o/8]`, `qzeros`, `scales` `[i/32, o]`"),
 }
 
@@ -183,14 +199,16 @@ def _is_linear(name: str) -> bool:
     return name.endswith(".weight") and name.rpartition(".")[0].rpartition(".")[2] in LINEAR
 
 
-def save_quantized(layout: str, path: Path, source: Path) -> Path:
-    """The tiny Llama of :func:`save_llama` (saved at ``source`` unless it is there)
-    quantized in ``layout`` at ``path``."""
+def save_quantized(layout: str, path: Path, source: Path,
+                   save_source: Callable[[Path], Path] | None = None) -> Path:
+    """The tiny bf16 model at ``source`` (a Llama, :func:`vllm_engine.save_llama`, saved there
+    by ``save_source`` unless it is there) quantized in ``layout`` at ``path``: every linear
+    layer's weight (experts' too; not a router's, not the LM head)."""
     from vllm_engine import save_llama  # (the docs import this module for its table alone)
 
     chosen = LAYOUTS[layout]
     if not source.exists():
-        save_llama(source)
+        (save_source or save_llama)(source)
     tensors: Tensors = {}
     for name, tensor in load_file(source / "model.safetensors").items():
         if not _is_linear(name):

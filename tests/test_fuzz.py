@@ -119,8 +119,35 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
     config = parent / "config.json"
     config.write_text('{"hidden_size": 4}\n', encoding="utf-8")
     tiny = make_tiny(parent / "ckpt", extra_files={"config.json": config})
-    root = tiny.path
-    data_files = tuple(f.path for r in tiny.manifest.ranks for f in r.files)
+    return with_decoys(tiny.path, tiny.manifest)
+
+
+@pytest.fixture(scope="module")
+def joined_base(tmp_path_factory: pytest.TempPathFactory) -> Base:
+    """Format 1.3 (issue 49): each of two ranks holds two pieces of a fused weight, in F32 and
+    in F4, joined along dimension 0 (SPEC 7.2 rule 7), each piece in a file of its own."""
+    fused = torch.arange(64, dtype=torch.float32).reshape(16, 4)
+    packed = torch.arange(64, dtype=torch.uint8).reshape(16, 4).view(torch.float4_e2m1fn_x2)
+    states: dict[int, dict[str, torch.Tensor]] = {}
+    sharding: dict[int, dict[str, Any]] = {}
+    for rank in range(2):
+        starts = (4 * rank, 8 + 4 * rank)
+        states[rank] = {"fused": torch.cat([fused[s:s + 4] for s in starts]),
+                        "packed": torch.cat([packed[s:s + 4] for s in starts])}
+        sharding[rank] = {
+            "fused": [shardspec.Shard((16, 4), (s, 0), shape=(4, 4)) for s in starts],
+            "packed": [shardspec.Shard((16, 8), (s, 0), shape=(4, 8)) for s in starts]}
+    parent = tmp_path_factory.mktemp("fuzz-joined")
+    config = parent / "config.json"
+    config.write_text('{"hidden_size": 4}\n', encoding="utf-8")
+    manifest = shardspec.save(states, parent / "ckpt", layout=shardspec.Layout(tp_size=2),
+                              sharding=sharding, extra_files={"config.json": config})
+    return with_decoys(parent / "ckpt", manifest)
+
+
+def with_decoys(root: Path, manifest: shardspec.Manifest) -> Base:
+    """The base at ``root``, with the :data:`DECOYS` beside its files."""
+    data_files = tuple(f.path for r in manifest.ranks for f in r.files)
     (root / "subdir").mkdir()
     shutil.copyfile(root / data_files[0], root / "subdir" / "inner.safetensors")
     os.symlink("../outside.safetensors", root / "escape.safetensors")
@@ -130,7 +157,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
     # Warm every cache (the schema file, lazy imports) before opens are recorded, and make sure
     # the base itself is sound.
     assert shardspec.validate(root, checksums=True).ok
-    for rank in range(tiny.manifest.world_size):
+    for rank in range(manifest.world_size):
         shardspec.load_rank(root, rank, "cpu", verify=True)
     return Base(root, files, data_files)
 
@@ -764,6 +791,17 @@ def test_no_allocation_sized_from_a_claim(base: Base, data: st.DataObject, kinds
     with checkpoint_copy(base) as root:
         run_mutations(data.draw, base, root, sorted(kinds))
         check_checkpoint(root, memory=True)
+
+
+@pytest.mark.timeout(TIMEOUT_S)
+@fuzz_settings(EXAMPLES)
+@given(data=st.data(), kinds=st.sets(st.sampled_from(
+    ["data-bytes", "header-fields", "manifest-fields", "manifest-bytes"]), min_size=1))
+def test_joined_pieces_mutations(joined_base: Base, data: st.DataObject, kinds: set[str]
+                                 ) -> None:
+    """Several pieces of a rank, joined (format 1.3): an offset cut short raised IndexError
+    on every parse path (issue 49 item 6)."""
+    fuzz(joined_base, data, sorted(kinds))
 
 
 def test_fuzz_helpers_see_the_base(base: Base) -> None:

@@ -104,16 +104,34 @@ def _check_files(m: Manifest) -> Iterator[Finding]:
 def _check_nesting(seen: dict[str, str]) -> Iterator[Finding]:
     """SPEC 2.1 rule 6: no listed path lies under another listed path or the manifest (a
     folder there cannot also be a file, though object storage holds both keys)."""
+    under = _listed_folders(seen)
     for path, where in seen.items():
-        segments = path.split("/")
-        for end in range(1, len(segments)):
-            folder = "/".join(segments[:end])
-            if folder == MANIFEST_NAME or folder in seen:
-                what = "the manifest" if folder == MANIFEST_NAME else f"listed at {seen[folder]}"
-                yield Finding(code="path-unsafe", file=path, json_path=f"{where}.path",
-                              message=f"lies under {folder!r} ({what}), which is a file: a "
-                              "path cannot be both a file and a folder (SPEC 2.1 rule 6)")
-                break
+        folder = MANIFEST_NAME if path.startswith(MANIFEST_NAME + "/") else under.get(path)
+        if folder is not None:
+            what = "the manifest" if folder == MANIFEST_NAME else f"listed at {seen[folder]}"
+            yield Finding(code="path-unsafe", file=path, json_path=f"{where}.path",
+                          message=f"lies under {folder!r} ({what}), which is a file: a path "
+                          "cannot be both a file and a folder (SPEC 2.1 rule 6)")
+
+
+def _listed_folders(paths: Iterable[str]) -> dict[str, str]:
+    """Each path that lies under another of ``paths`` -> that one. In sorted order, every path
+    between Q and a path starting with Q starts with Q too: a stack of the prefixes of the
+    current path, each with the nearest one it lies under, answers each in constant time
+    (comparing every prefix of every path is quadratic in a path's length)."""
+    found: dict[str, str] = {}
+    stack: list[tuple[str, str | None]] = []  # (path, the nearest listed folder it lies under)
+    for path in sorted(paths):
+        while stack and not path.startswith(stack[-1][0]):
+            stack.pop()
+        folder = None
+        if stack:
+            top, above = stack[-1]
+            folder = top if path[len(top):len(top) + 1] == "/" else above
+        if folder is not None:
+            found[path] = folder
+        stack.append((path, folder))
+    return found
 
 
 def _check_tensors(m: Manifest) -> Iterator[Finding]:

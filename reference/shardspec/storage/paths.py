@@ -23,6 +23,11 @@ def resolve_inside(root: Path, relative: str) -> Path:
     problem = path_problem(relative)
     if problem:
         raise PathError(Finding(code="path-unsafe", file=relative, message=f"path is {problem}"))
+    if not os.path.lexists(os.path.join(root, relative.split("/", 1)[0])):
+        # nothing at the first segment, so no link to follow: missing, at one lstat (realpath
+        # costs one a segment: 9,000 listed paths of 500 segments took 50 s to validate)
+        raise PathError(Finding(code="file-missing", file=relative,
+                                message="listed in the manifest but not found"))
     real_root = Path(os.path.realpath(root))
     real = Path(os.path.realpath(real_root / relative))
     if real != real_root and real_root not in real.parents:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["ADVERSARIAL", "floats_in_config", "many_unknown_members", "split_ways",
-           "staircase"]
+__all__ = ["ADVERSARIAL", "floats_in_config", "joined_pieces", "many_unknown_members",
+           "nested_paths", "split_ways", "staircase"]
 
 
 def _manifest(world: int, tensors: dict[str, Any], *, version: str = "1.2",
@@ -82,10 +82,37 @@ def floats_in_config(tensors: int) -> bytes:
     return _bytes(_manifest(1, records, quantization=quantization))
 
 
+def joined_pieces(pieces: int, *, short_offsets: bool = False) -> bytes:
+    """Format 1.3: one rank holds ``pieces`` pieces of one tensor, each in a file of its own,
+    joined along dimension 0 (SPEC 7.2 rule 7). With ``short_offsets``, each offset has one
+    number for the tensor's two dimensions: every piece is piece-bounds (the join check ran
+    on them and raised IndexError, issue 49 item 6)."""
+    tensor = {"dtype": "I8", "shape": [pieces, 1], "pieces": [
+        {"rank": 0, "file": f"r0-{p}.safetensors",
+         "offset": [p] if short_offsets else [p, 0], "shape": [1, 1]}
+        for p in range(pieces)]}
+    return _bytes(_manifest(1, {"w": tensor}, version="1.3", files=pieces))
+
+
+def nested_paths(paths: int) -> bytes:
+    """Extra files ``a`` and ``paths`` paths of 500 segments under it (SPEC 2.1 rule 6: each
+    is path-unsafe; a check comparing every prefix of every path is quadratic in its length)."""
+    manifest = _manifest(1, {})
+    zeros = "0" * 64
+    deep = "a/" * 500
+    manifest["extra_files"] = [{"path": p, "size": 0, "checksums": {"sha256": zeros}}
+                               for p in ["a", *(f"{deep}{i}" for i in range(paths))]]
+    return _bytes(manifest)
+
+
 #: name -> (builder, argument giving about 10 MB, what the manifest attacks)
 ADVERSARIAL = {
     "staircase": (staircase, 32768, "SPEC 7.3 overlap check, pieces cut in two dimensions"),
     "unknown-members": (many_unknown_members, 85000, "one schema error per piece"),
     "split-ways": (split_ways, 32768, "one tensor split across every rank (inspect)"),
     "floats-in-config": (floats_in_config, 95000, "a float in the quantization config"),
+    "joined-pieces": (joined_pieces, 48000, "one rank's pieces of a tensor, joined (1.3)"),
+    "joined-short-offsets": (lambda n: joined_pieces(n, short_offsets=True), 48000,
+                             "several pieces of a rank, each offset short: piece-bounds"),
+    "nested-paths": (nested_paths, 8900, "extra files under a listed path (SPEC 2.1 rule 6)"),
 }

@@ -11,7 +11,9 @@ bench_hostile_dcp.py):
   characters) and with a ``config.json`` of 10 MB of keys (wide, not deep);
 - ``import`` of a distributed save whose file's ``DCP_SHARDING_INFO`` nests deeply;
 - ``validate s3://...`` with ``SHARDSPEC_STORAGE_OPTIONS`` nesting deeply (answered before any
-  request; 120 KB, as Linux caps one environment string at 128 KiB).
+  request; 120 KB, as Linux caps one environment string at 128 KiB);
+- ``fetch-config`` (issue 49) of a local checkpoint with 1,024 tiny extra files, the most it
+  fetches, and of one with a 256 MiB extra file, streamed to its temporary file.
 
 Each command runs in a fresh child process through ``shardspec.cli.main`` (torch imported
 before the clock, as the commands import it); time is the command alone, memory the child's
@@ -107,6 +109,31 @@ def cases() -> dict[str, tuple[Case, str]]:
                   metadata={"DCP_SHARDING_INFO": deep()})
         return ["import", str(save)]
 
+    def many_extras(hf: Path, work: Path) -> list[str]:
+        """A local checkpoint with 1,024 tiny extra files (the bound): fetch-config."""
+        import shardspec
+        sources = work / "sources"
+        sources.mkdir()
+        extras = {}
+        for i in range(1024):
+            extras[f"tok/{i}.json"] = sources / f"{i}.json"
+            extras[f"tok/{i}.json"].write_text("{}")
+        shardspec.save({0: {"w": torch.zeros(2)}}, work / "ckpt",
+                       layout=shardspec.Layout(tp_size=1), extra_files=extras)
+        return ["fetch-config", str(work / "ckpt"), str(work / "local")]
+
+    def big_extra(hf: Path, work: Path) -> list[str]:
+        """A 256 MiB extra file: fetch-config streams it (it was held whole: 486 MB peak for
+        200 MB)."""
+        import shardspec
+        big = work / "big.bin"
+        with big.open("wb") as out:
+            for _ in range(256):
+                out.write(os.urandom(1 << 20))
+        shardspec.save({0: {"w": torch.zeros(2)}}, work / "ckpt",
+                       layout=shardspec.Layout(tp_size=1), extra_files=[big])
+        return ["fetch-config", str(work / "ckpt"), str(work / "local")]
+
     def deep_options(hf: Path, work: Path) -> list[str]:
         os.environ["SHARDSPEC_STORAGE_OPTIONS"] = deep(ENV_SIZE)
         return ["validate", "s3://bucket/ckpt", "--json"]
@@ -122,6 +149,8 @@ def cases() -> dict[str, tuple[Case, str]]:
         "import-deep-sharding-info": (deep_sharding_info, "DCP_SHARDING_INFO nested deeply"),
         "validate-deep-storage-options": (deep_options, "SHARDSPEC_STORAGE_OPTIONS nested "
                                           "60,000 levels (120 KB)"),
+        "fetch-config-many-extras": (many_extras, "1,024 tiny extra files (0.15 MB manifest)"),
+        "fetch-config-big-extra": (big_extra, "one 256 MiB extra file"),
     }
 
 

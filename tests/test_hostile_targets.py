@@ -234,6 +234,7 @@ def test_save_refuses_an_extra_file_through_a_linked_folder(tmp_path: Path,
         make_tiny(out, overwrite=True, extra_files={"sub/x.txt": source})
     assert excinfo.value.code == "path-escapes"
     assert list(elsewhere.iterdir()) == []
+    assert shardspec.validate(out, checksums=True).ok  # refused before the old one went
 
 
 def test_convert_reshard_merge_refuse_a_linked_folder(hf: Path, tmp_path: Path,
@@ -254,6 +255,8 @@ def test_convert_reshard_merge_refuse_a_linked_folder(hf: Path, tmp_path: Path,
         assert "Traceback" not in said and "internal error" not in said
         assert "path-escapes" in said and "sub" in said and "symlink" in said, said
         assert list(elsewhere.iterdir()) == []
+        assert (out / "old").is_dir() and sorted(p.name for p in out.iterdir()) == \
+            ["old", "sub"]  # refused before anything was removed or written
 
 
 # --- item 5: --overwrite and the files an import adopted -------------------------------------

@@ -261,7 +261,7 @@ def _write_converted(root: Location, layout: Layout, draft: Manifest,
                 if isinstance(r, TensorRecord) for p in r.pieces)
     data_files = [f.path for r in draft.ranks for f in r.files]
     prepare_directory(root, overwrite, claim=data_files if claim else (),
-                      remove_adopted=remove_adopted)
+                      remove_adopted=remove_adopted, paths=list(extras))
     advance = None if progress is None else (lambda n: progress(n, total))
     records: dict[str, FileRecord] = {}
     for rank in range(layout.size):

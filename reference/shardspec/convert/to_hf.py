@@ -25,6 +25,7 @@ from ..format.integrity import digest_stream
 from ..format.manifest import Alias, FileRecord, Manifest, TensorRecord
 from ..reader import open_checkpoint
 from ..storage.commit import fsync_dir, uncommit, write_inside
+from ..storage.entries import folder_inside
 from ..storage.paths import resolve_inside
 from ..validate import validate
 from ..write.save import claim_directory
@@ -212,6 +213,8 @@ def merge(
     files = hf_shard_names(len(shards))
     total = sum(size for _, size in sizes)
     advance = None if progress is None else (lambda n: progress(n, total))
+    for extra in manifest.extra_files:  # a linked folder on the way: before any removal
+        folder_inside(root, extra.path, create=False)
     _prepare_hf_directory(root, overwrite)
     for extra in manifest.extra_files:
         _copy_verified(source_root, root, extra)

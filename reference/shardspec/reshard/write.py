@@ -138,7 +138,7 @@ def _write_resharded(
     progress: Callable[[int, int], None] | None, gap_budget: float | None,
     remove_adopted: bool = False,
 ) -> Manifest:
-    prepare_directory(dst, overwrite, remove_adopted=remove_adopted)
+    prepare_directory(dst, overwrite, remove_adopted=remove_adopted, paths=list(extras))
     records: dict[str, FileRecord] = {}
     cpu = torch.device("cpu")
     total, done = sum(p.target_bytes for p in plans), 0

@@ -31,7 +31,7 @@ from ..storage.commit import (
     uncommit,
     write_claim,
 )
-from ..storage.entries import remove_entry
+from ..storage.entries import folder_inside, remove_entry
 from ..storage.location import Location
 from ..storage.manifest_file import read_manifest
 from ..storage.remote import RemoteRoot
@@ -91,11 +91,13 @@ def refuse_adopted(root: Location, previous: Manifest | None) -> None:
 
 
 def prepare_directory(root: Location, overwrite: bool, claim: Collection[str] = (), *,
-                      remove_adopted: bool = False) -> None:
+                      remove_adopted: bool = False, paths: Collection[str] = ()) -> None:
     """Create ``root``, or empty it of a previous checkpoint when ``overwrite`` (SPEC 10.2).
 
     The files of a checkpoint that ``shardspec import`` adopted are a user's save: they are
-    removed only with ``remove_adopted`` as well (:func:`refuse_adopted`).
+    removed only with ``remove_adopted`` as well (:func:`refuse_adopted`). ``paths``: the
+    files the write will create in folders (extra files); a folder on their way that is a
+    link or a file is refused (``path-escapes``) before anything is removed.
 
     ``claim``: the data files the write will create, under names that
     :data:`~shardspec.storage.commit.LEFTOVER` does not match (torch's); they are claimed
@@ -104,6 +106,8 @@ def prepare_directory(root: Location, overwrite: bool, claim: Collection[str] = 
     if isinstance(root, RemoteRoot):
         prepare_prefix(root, overwrite, claim)
         return
+    for path in paths:
+        folder_inside(root, path, create=False)
     existing = _entries(root)
     previous = read_manifest(root).manifest if MANIFEST_NAME in existing else None
     stale = removable(existing, previous, read_claim(root) if CLAIM_NAME in existing else ())

@@ -167,7 +167,7 @@ def save(
         quantization=quantization, logical=logical, ties=ties, metadata=metadata,
         extensions=extensions, extra_files=list(extras), max_file_size=max_file_size,
     )
-    prepare_directory(root, overwrite, remove_adopted=remove_adopted)
+    prepare_directory(root, overwrite, remove_adopted=remove_adopted, paths=list(extras))
     records: dict[str, FileRecord] = {}
     for rank in range(layout.size):
         records.update({f.path: f for f in write_rank(root, rank, states[rank], draft)})

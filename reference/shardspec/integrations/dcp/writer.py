@@ -161,7 +161,8 @@ class Writer(StorageWriter):
         draft = plan_checkpoint(layout, infos, metadata=self.metadata,
                                 extra_files=[*object_files, *self.extra_files],
                                 max_file_size=self.max_file_size)
-        prepare_directory(self.root, self.overwrite, remove_adopted=self.remove_adopted)
+        prepare_directory(self.root, self.overwrite, remove_adopted=self.remove_adopted,
+                          paths=list(self.extra_files))
         self._draft = draft
         assignments = [Assignment() for _ in plans]
         for record in draft.ranks:

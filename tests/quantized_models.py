@@ -210,7 +210,8 @@ def save_quantized(layout: str, path: Path, source: Path,
     if not source.exists():
         (save_source or save_llama)(source)
     tensors: Tensors = {}
-    for name, tensor in load_file(source / "model.safetensors").items():
+    for name, tensor in ((n, t) for f in sorted(source.glob("*.safetensors"))
+                         for n, t in load_file(f).items()):
         if not _is_linear(name):
             tensors[name] = tensor
             continue

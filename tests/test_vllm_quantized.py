@@ -265,3 +265,56 @@ def test_places_the_bytes_auto_places(converted: Callable[[str, int], Path],
         assert sorted(got[rank]) == sorted(want[rank])
         differ = sorted(n for n in want[rank] if got[rank][n] != want[rank][n])
         assert not differ, f"rank {rank}: {differ}"
+
+
+@pytest.mark.vllm
+def test_a_served_quantized_model_saved_by_its_workers_reloads_and_serves_equal(
+        converted: Callable[[str, int], Path], auto: Callable[[str, int], Generated],
+        tmp_path: Path) -> None:
+    """``save_to`` at TP 2 (resharded from TP 1), then that checkpoint at its own layout: both
+    serve ``auto``'s outputs. Per-tensor scales of fused layers (one per part) included."""
+    layout = "w8a8-int8-static"
+    first = generate(converted(layout, 1), "shardspec", tp=2,
+                     extra={"save_to": str(tmp_path / "saved")})
+    assert (first.tokens, first.logprobs) == (auto(layout, 2).tokens, auto(layout, 2).logprobs)
+    assert shardspec.validate(tmp_path / "saved", checksums=True).ok
+    again = generate(tmp_path / "saved", "shardspec", tp=2)
+    assert "checkpoint rank" in again.log and "whole" in again.log  # its own layout
+    assert (again.tokens, again.logprobs) == (first.tokens, first.logprobs)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("layout", ["gptq", "awq"])
+def test_an_int4_model_saved_by_its_workers_reloads_the_bytes_auto_loads(
+        converted: Callable[[str, int], Path],
+        auto_state: Callable[[str, int], dict[int, dict[str, str]]], tmp_path: Path,
+        layout: str) -> None:
+    """Saved under vLLM's fused names (``qkv_proj.qweight``), where vLLM's GPTQ would look
+    for ``q_proj`` to tell that the layer is quantized: config.json lists the quantized
+    modules, and the fused layers load quantized."""
+    loaded_state(converted(layout, 2), "shardspec", tp=2,
+                 extra={"save_to": str(tmp_path / "saved")})
+    assert shardspec.validate(tmp_path / "saved", checksums=True).ok
+    assert loaded_state(tmp_path / "saved", "shardspec", tp=2) == auto_state(layout, 2)
+
+
+@pytest.mark.vllm
+def test_a_scale_the_checkpoint_lacks_is_refused_by_name(hf: Callable[[str], Path],
+                                                         tmp_path: Path) -> None:
+    """vLLM's own loader lets a quantized checkpoint lack only what it exempts (KV-cache
+    scales...); a weight scale it lacks would serve whatever the allocator left there (``auto``
+    does not check quantized models): the plugin refuses, naming the parameter."""
+    from vllm_engine import EngineError
+
+    layout = "w8a8-int8-dynamic"
+    lacking = "model.layers.1.mlp.down_proj.weight_scale"
+    source = tmp_path / "hf"
+    source.mkdir()
+    tensors = load_file(hf(layout) / "model.safetensors")
+    del tensors[lacking]
+    save_file(tensors, source / "model.safetensors", metadata={"format": "pt"})
+    (source / "config.json").write_text((hf(layout) / "config.json").read_text())
+    convert(source, tmp_path / "ckpt", tp_size=1)
+    with pytest.raises(EngineError) as refused:
+        generate(tmp_path / "ckpt", "shardspec", tp=1)
+    assert "reshard-unsupported" in refused.value.log and lacking in refused.value.log

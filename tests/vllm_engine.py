@@ -89,18 +89,18 @@ def loaded_state(model: Path, load_format: str, *, tp: int = 1,
     can be compared with ``auto``'s. shardspec runs with SHARDSPEC_VLLM_CHECK_BOXES."""
     if load_format == "shardspec":
         extra = {"plan_cache": False, **(extra or {})}
-    request = {"model": str(model), "load_format": load_format, "tp": tp, "extra": extra,
-               "prompts": PROMPTS, "digest": True}
     environment = {**os.environ, "SHARDSPEC_VLLM_CHECK_BOXES": "1",
                    "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     environment.pop("PYTHONPATH", None)
-    proc = subprocess.run([str(vllm_python()), str(RUNNER), json.dumps(request)], env=environment,
-                          capture_output=True, text=True, timeout=900)
-    states = [json.loads(line[len("STATE "):]) for line in proc.stdout.splitlines()
-              if line.startswith("STATE ")]
-    by_rank = {state["tp_rank"]: state["sha256"] for state in states}
+    with tempfile.TemporaryDirectory() as states:
+        request = {"model": str(model), "load_format": load_format, "tp": tp, "extra": extra,
+                   "prompts": PROMPTS, "digest": states}
+        proc = subprocess.run([str(vllm_python()), str(RUNNER), json.dumps(request)],
+                              env=environment, capture_output=True, text=True, timeout=900)
+        by_rank = {rank: json.loads(file.read_text()) for rank in range(tp)
+                   if (file := Path(states) / f"state-{rank}-0.json").exists()}
     if sorted(by_rank) != list(range(tp)):
-        raise EngineError(f"vLLM ({load_format}, tp={tp}) on {model} printed the state of ranks "
+        raise EngineError(f"vLLM ({load_format}, tp={tp}) on {model} wrote the state of ranks "
                           f"{sorted(by_rank)}, exit status {proc.returncode}",
                           proc.stdout + proc.stderr)
     return by_rank

@@ -13,10 +13,11 @@ format (not every loader logs its own time): each worker prints
 spawn, which imports this file in each of them: the wrapper is installed there from
 :data:`TIME_LOAD_ENV`.
 
-``"digest": true`` has each worker print, right after ``load_weights`` and before vLLM
-processes the weights, ``STATE {"tp_rank": ..., "pp_rank": ..., "sha256": {name: ...}}``: the
-bytes the load format placed in every parameter and buffer. Where the engine cannot go on (a
-quantization kernel this CPU lacks), those lines are the result: the run stops there.
+``"digest": DIR`` has each worker write, right after ``load_weights`` and before vLLM
+processes the weights, ``DIR/state-TP_RANK-PP_RANK.json``: ``{name: sha256}`` of the bytes the
+load format placed in every parameter and buffer (a file each: the workers' lines on one
+stdout may interleave). Where the engine cannot go on (a quantization kernel this CPU lacks),
+those files are the result: the run stops there.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def main() -> None:
         os.environ[TIME_LOAD_ENV] = "1"  # for workers started by spawn, which import this file
         _time_load_weights()
     if request.get("digest"):
-        os.environ[DIGEST_ENV] = "1"
+        os.environ[DIGEST_ENV] = str(request["digest"])
         _digest_after_load_weights()
     started = time.perf_counter()
     llm = LLM(model=request["model"], load_format=request.get("load_format", "auto"),
@@ -117,11 +118,11 @@ def _digest_after_load_weights() -> None:
                 flat = tensor.detach().contiguous().reshape(-1)
                 digests[name] = hashlib.sha256(flat.view(torch.uint8).numpy()
                                                .tobytes()).hexdigest()
-            print("STATE " + json.dumps({"tp_rank": get_tp_group().rank_in_group,
-                                         "pp_rank": get_pp_group().rank_in_group,
-                                         "sha256": digests}), flush=True)
+            name = f"state-{get_tp_group().rank_in_group}-{get_pp_group().rank_in_group}.json"
+            with open(os.path.join(os.environ[DIGEST_ENV], name), "w") as out:
+                json.dump(digests, out)
             # vLLM's processing and the engine's start are not what is compared: every worker
-            # has printed once all pass the barrier, and then they stop
+            # has written once all pass the barrier, and then they stop
             import torch.distributed as dist
             from vllm.distributed import get_world_group
 
@@ -139,5 +140,5 @@ if __name__ == "__main__":
 else:  # a vLLM process started by spawn
     if os.environ.get(TIME_LOAD_ENV) == "1":
         _time_load_weights()
-    if os.environ.get(DIGEST_ENV) == "1":
+    if os.environ.get(DIGEST_ENV):
         _digest_after_load_weights()

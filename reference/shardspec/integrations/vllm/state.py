@@ -7,17 +7,22 @@ is the model's ``state_dict()`` under vLLM's names (fused ``qkv_proj``, buffers 
 ``process_weights_after_loading``: vLLM runs that step again on every load, so a saved state
 from after it (repacked or requantized weights, as vLLM's own ``sharded_state`` saves) would be
 processed twice. The manifest's metadata records vLLM's version, the architecture and that
-stage; the quantization record and the extra files (config.json, tokenizer) are the source's.
+stage; the quantization record and the extra files (config.json, tokenizer) are the source's,
+config.json with the quantized modules that vLLM would otherwise look for under the source's
+names (GPTQ, AWQ).
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
 from ... import distributed
-from ...format.manifest import Layout
+from ...format.manifest import Layout, TensorRecord
 from ...reader import Checkpoint
 from .layouts import EngineRank
 
@@ -46,8 +51,39 @@ def save_worker_state(model: nn.Module, source: Checkpoint, rank: EngineRank,
     if isinstance(source.path, Path):
         extra = {f.path: source.path / f.path for f in source.manifest.extra_files}
     state = {name: tensor.detach() for name, tensor in model.state_dict().items()}
-    distributed.save(
-        state, path, layout=layout, group=world.cpu_group,
-        quantization=source.manifest.quantization, extra_files=extra,
-        metadata={"vllm_version": vllm.__version__, "vllm_model_class": type(model).__name__,
-                  "vllm_state": SAVED_STAGE})
+    with tempfile.TemporaryDirectory(prefix="shardspec-save-to-") as folder:
+        if "config.json" in extra:
+            extra["config.json"] = _config_for_vllm_names(Path(extra["config.json"]), source,
+                                                          Path(folder))
+        distributed.save(
+            state, path, layout=layout, group=world.cpu_group,
+            quantization=source.manifest.quantization, extra_files=extra,
+            metadata={"vllm_version": vllm.__version__,
+                      "vllm_model_class": type(model).__name__, "vllm_state": SAVED_STAGE})
+
+
+#: The dtypes vLLM counts as not quantized when it reads a checkpoint's files.
+_UNQUANTIZED = ("F16", "BF16", "F32")
+
+
+def _config_for_vllm_names(config: Path, source: Checkpoint, folder: Path) -> Path:
+    """config.json for the saved state. vLLM completes a GPTQ or AWQ config that does not list
+    its quantized modules from the tensor names of the files it serves
+    (``maybe_update_config``); under vLLM's fused names (``qkv_proj.qweight``) it would find
+    no ``q_proj`` and build the fused layers unquantized. So the saved config lists them, as
+    vLLM found them in the source's names; any other config.json is copied as it is."""
+    data: dict[str, Any] = json.loads(config.read_text(encoding="utf-8"))
+    quant = data.get("quantization_config")
+    method = str(quant.get("quant_method", "")).lower() if isinstance(quant, dict) else ""
+    key = {"gptq": "modules_in_block_to_quantize", "awq": "modules_to_not_convert"}.get(method)
+    if key is None or not isinstance(quant, dict) or quant.get(key):
+        return config
+    dtypes = {name: record.dtype for name, record in source.manifest.tensors.items()
+              if isinstance(record, TensorRecord)}  # what the files hold, as vLLM reads them
+    modules = {name.rsplit(".", 1)[0] for name in dtypes}
+    quantized = {name.rsplit(".", 1)[0] for name, dtype in dtypes.items()
+                 if dtype not in _UNQUANTIZED}
+    quant[key] = sorted(quantized if method == "gptq" else modules - quantized)
+    out = folder / "config.json"
+    out.write_text(json.dumps(data, indent=2), encoding="utf-8")
+    return out

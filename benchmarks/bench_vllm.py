@@ -30,9 +30,16 @@ evicted from the page cache with ``posix_fadvise(DONTNEED)`` before each engine;
 the contender's files read once before its engine. A contender vLLM cannot start with is
 dropped and its error noted; one whose package is missing is skipped with a note.
 
+With ``--quantization LAYOUT`` (a layout of ``tests/quantized_models.py`` that vLLM's CPU build
+serves, such as ``w8a8-int8-dynamic``) the model is that bf16 model quantized so, as a
+quantizer writes it (``--layers 32`` gives 1.58 GiB of int8 weights and bf16 embeddings).
+``convert --names vllm`` does not fuse quantized projections, so vLLM's names at each TP are
+what the plugin's workers save (``save_to``, one untimed start at that TP): files named as
+vLLM's ``sharded_state`` names them, which both ``sharded_state`` and ``shardspec-own`` load.
+
     PYTHONPATH=reference python benchmarks/bench_vllm.py [--tp 1,2] [--layers 16]
         [--hidden 2048] [--repeats 3] [--cache cold,warm] [--contenders a,b] [--json OUT]
-        [--vllm-python PATH]
+        [--vllm-python PATH] [--quantization LAYOUT]
 """
 
 from __future__ import annotations
@@ -111,12 +118,25 @@ class Run:
     peak_rss_mib: float  # the largest worker peak
 
 
+def quantized_model(path: Path, bf16: Path, layout: str) -> None:
+    """``bf16`` quantized in ``layout`` (``tests/quantized_models.py``'s quantizers) at
+    ``path``."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from quantized_models import save_quantized
+
+    save_quantized(layout, path, bf16)
+
+
 def run_engine(python: Path, model: Path, load_format: str, tp: int, strategy: str | None,
-               plan_cache: Path, env: dict[str, str]) -> Run:
+               plan_cache: Path, env: dict[str, str], save_to: Path | None = None) -> Run:
+    extra: dict[str, str] = {}
+    if load_format == "shardspec":
+        extra = {"plan_cache": str(plan_cache)}
+        if save_to is not None:
+            extra["save_to"] = str(save_to)
     request = {"model": str(model), "load_format": load_format, "tp": tp,
                "prompts": [[1, 5, 7, 9, 11, 13]], "max_tokens": 1, "time_load": True,
-               "safetensors_load_strategy": strategy,
-               "extra": {"plan_cache": str(plan_cache)} if load_format == "shardspec" else {}}
+               "safetensors_load_strategy": strategy, "extra": extra}
     proc = subprocess.run([str(python), str(RUNNER), json.dumps(request)], capture_output=True,
                           text=True, timeout=1800,
                           env={**os.environ, "PYTHONPATH": "", "TOKENIZERS_PARALLELISM": "false",
@@ -145,6 +165,7 @@ def main() -> None:
     ap.add_argument("--vllm-python", type=Path,
                     default=Path(os.environ.get("SHARDSPEC_VLLM_PYTHON", DEFAULT_PYTHON)))
     ap.add_argument("--workdir", type=Path)
+    ap.add_argument("--quantization", default=None)
     args = ap.parse_args()
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-vllm-"))
@@ -153,13 +174,23 @@ def main() -> None:
     tps = [int(t) for t in args.tp.split(",")]
     hf = work / "hf"
     if not hf.exists():
-        write_model(hf, args.layers, args.hidden)
+        write_model(work / "hf-bf16" if args.quantization else hf, args.layers, args.hidden)
+        if args.quantization:
+            quantized_model(hf, work / "hf-bf16", args.quantization)
+            shutil.rmtree(work / "hf-bf16")
     size = sum(f.stat().st_size for f in hf.glob("*.safetensors"))
     dirs: dict[tuple[str, int], Path] = {}
     for tp in tps:
         dirs["hf", tp] = hf
         dirs["shardspec", tp] = _converted(hf, work / f"shardspec-tp{tp}", tp_size=tp)
         dirs["shardspec-tp4", tp] = _converted(hf, work / "shardspec-tp4", tp_size=4)
+        if args.quantization:  # vLLM's names as the plugin's workers save them
+            saved = work / f"vllm-saved-tp{tp}"
+            if not saved.exists():
+                run_engine(args.vllm_python, dirs["shardspec", tp], "shardspec", tp, None,
+                           plan_cache, {}, save_to=saved)
+            dirs["vllm", tp] = dirs["vllm-sharded-state", tp] = saved
+            continue
         dirs["vllm", tp] = _converted(hf, work / f"vllm-names-tp{tp}", tp_size=tp, names="vllm")
         # vLLM's own loader reads a name once a rank: fused tensors rank-local, one file a rank
         dirs["vllm-sharded-state", tp] = _converted(
@@ -216,7 +247,8 @@ def main() -> None:
                     print(f"repeat {repeat} tp {tp} {cache:4} {name:20} weights "
                           f"{got.weights:7.2f} s  peak RSS {got.peak_rss_mib:6.0f} MiB  "
                           f"engine start {got.start:6.1f} s", flush=True)
-    print(f"\nmodel: {args.layers} layers, hidden {args.hidden}, {size / 2**30:.2f} GiB bf16; "
+    print(f"\nmodel: {args.layers} layers, hidden {args.hidden}, {size / 2**30:.2f} GiB "
+          f"{args.quantization or 'bf16'}; "
           f"medians of {args.repeats}; load_weights s of the slowest worker, its peak RSS MiB")
     for tp in tps:
         print(f"\nTP={tp}\n")

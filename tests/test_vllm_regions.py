@@ -79,6 +79,30 @@ def test_boxes_follow_vllms_column_and_row_splits() -> None:
     assert _box(norm, (256,), 4, 3) == ((0,), (256,))
 
 
+def test_quantized_weights_are_cut_in_their_grid_input_major_where_stored_so() -> None:
+    """AWQ ``qweight`` [in, out/8] and GPTQ ``qweight`` [in/8, out]: a column-parallel layer's
+    share is their last dim, a row-parallel one's their first, in whole packs; key/value
+    heads in grid rows; compressed-tensors' ``weight_packed`` [out, in/8] is output-major."""
+    rank = EngineRank(tp_size=2, tp_rank=1)
+
+    def box(name: str, shape: tuple[int, ...], pack: tuple[int, ...], input_major: bool
+            ) -> tuple[tuple[int, ...], ...]:
+        return vllm_box(name, shape, rank, plan=plan_for(LLAMA), heads=Heads.from_config(LLAMA),
+                        pack=pack, input_major=input_major)
+
+    layer = "model.layers.0"
+    assert box(f"{layer}.self_attn.q_proj.qweight", (256, 32), (1, 8), True) == \
+        ((0, 16), (256, 16))  # AWQ, column-parallel: output packs 16..31
+    assert box(f"{layer}.self_attn.k_proj.qweight", (32, 64), (8, 1), True) == \
+        ((0, 32), (32, 32))  # GPTQ: the second key/value head's 32 output columns
+    assert box(f"{layer}.self_attn.o_proj.qweight", (32, 256), (8, 1), True) == \
+        ((16, 0), (16, 256))  # GPTQ, row-parallel: input rows 128..255 are packed rows 16..31
+    assert box(f"{layer}.mlp.down_proj.weight_packed", (256, 64), (1, 8), False) == \
+        ((0, 32), (256, 32))  # compressed-tensors, row-parallel: its input packs
+    assert box(f"{layer}.self_attn.o_proj.qweight", (32, 256), (8, 1), False) != \
+        ((16, 0), (16, 256))  # the same shape read output-major is another box
+
+
 def test_key_value_heads_are_replicated_when_tp_exceeds_them() -> None:
     k = "model.layers.0.self_attn.k_proj.weight"  # 2 heads of 32 rows
     assert [_box(k, (64, 256), 4, r)[0][0] for r in range(4)] == [0, 0, 32, 32]

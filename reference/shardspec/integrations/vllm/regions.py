@@ -129,7 +129,8 @@ def vllm_box(
     if style is None or rank.tp_size == 1 or fused or (expert and rank.expert_parallel):
         return whole
     pack = pack or (1,) * len(shape)
-    grid = tuple(n * p for n, p in zip(shape, pack, strict=False)) + shape[len(pack):]
+    # the grid's dims (a pack's inner dims, as MXFP4's 16 bytes a block, are read whole)
+    grid = tuple(n * p for n, p in zip(shape, pack, strict=False))
     try:
         dim = split_dim(style, grid, name)
     except PlanError:

@@ -261,8 +261,9 @@ def invalid_manifest_vectors() -> list[Vector]:
     ck.files[F0] = ck.files.pop(f"shardspec.json/{F0}")  # no directory holds it there
     add("path-unsafe", "under-manifest", "The data file is listed under shardspec.json, as if "
         "the manifest were a folder (SPEC 2.1 rule 6): object storage holds both keys, a "
-        "directory cannot. The file lies at the top of the directory, unlisted.", ck,
-        section="2.1")
+        "directory cannot. The file lies at the top of the directory, unlisted, so no file is "
+        "where the manifest says (file-missing too).", ck, section="2.1",
+        validator_also=["file-missing"])
     path = "/".join(["é" * 120] * 5) + "/" + F0
     ck = tp1.clone()
     ck.rename_file(F0, path)

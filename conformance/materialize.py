@@ -27,6 +27,8 @@ Kinds:
   ``sub/<name>``, a link ``via`` points to the directory ``sub/inner``, and the file's place
   becomes a link to ``via/../<name>``: followed as the system follows links, ``via/..`` is
   ``sub`` (SPEC 2.2 rule 5); taken lexically it is the link itself.
+- ``symlink-to-listed``: the file at ``materialize_path`` becomes a relative link to
+  ``materialize_target``, another listed file of the checkpoint (with the same bytes).
 - ``huge-manifest``: spaces are appended to ``materialize_path`` (the manifest) until it has
   ``MAX_MANIFEST_BYTES + 1`` bytes.
 """
@@ -43,7 +45,7 @@ __all__ = ["KINDS", "MAX_MANIFEST_BYTES", "materialize"]
 
 KINDS = ("fifo", "symlink-outside", "symlink-dir-escape", "symlink-dangling",
          "symlink-dangling-outside", "symlink-loop", "symlink-inside", "symlink-dotdot",
-         "huge-manifest")
+         "symlink-to-listed", "huge-manifest")
 
 #: SPEC 3.4 / 12 (format 1.1; 67108864 in 1.0).
 MAX_MANIFEST_BYTES = 268435456
@@ -112,6 +114,12 @@ def materialize(vector_dir: str | os.PathLike[str], dest: str | os.PathLike[str]
         shutil.move(str(target), root / "sub" / target.name)
         os.symlink("sub/inner", root / "via")
         os.symlink(f"via/../{target.name}", target)
+    elif kind == "symlink-to-listed":
+        linked = root / vector["materialize_target"]
+        if not linked.is_file():
+            raise ValueError(f"{vector_dir.name}: no file to link to at {linked}")
+        target.unlink()
+        os.symlink(os.path.relpath(linked, target.parent), target)
     else:  # huge-manifest
         with target.open("ab") as handle:
             missing = MAX_MANIFEST_BYTES + 1 - handle.tell()

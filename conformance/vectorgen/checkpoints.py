@@ -229,6 +229,7 @@ class Vector:
     verify: bool = False
     materialize: str | None = None
     materialize_path: str | None = None
+    materialize_target: str | None = None
     ignore_extensions: list[str] = field(default_factory=list)
     ignore_extensions_text: str | None = None
     validator_also: list[str] = field(default_factory=list)
@@ -250,6 +251,8 @@ class Vector:
         if self.materialize is not None:
             out["materialize"] = self.materialize
             out["materialize_path"] = self.materialize_path
+        if self.materialize_target is not None:
+            out["materialize_target"] = self.materialize_target
         if self.ignore_extensions:
             out["ignore_extensions"] = self.ignore_extensions
         if self.ignore_extensions_text is not None:

@@ -1,13 +1,27 @@
-"""Vectors that pin readings the SPEC once left open (issue 24): for each, a reader that reads
+"""Vectors that pin readings the SPEC once left open (issues 24 and 50): for each, a reader that reads
 the rule the other way fails the vector. Valid and invalid ones side by side, by section."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
 from shardspec import Layout, Logical, Quantization, Shard, Tie
 
-from .bases import F0, F1, NORM, base_tp1, base_tp2, cut, saved_cuts, tie_after
+from .bases import (
+    F0,
+    F1,
+    GATE_UP,
+    NORM,
+    base_tp1,
+    base_tp2,
+    cut,
+    saved_cuts,
+    several_gate_up,
+    several_qkv,
+    tie_after,
+)
 from .checkpoints import Ckpt, Vector, Vectors, handmade, saved, saved_whole, with_header
 from .raw import Raw, raw, values
 
@@ -166,7 +180,98 @@ def reading_vectors() -> list[Vector]:
           "0, 1) with its per-tensor scale numbered the other way (replicas 1, 0): a tied "
           "tensor's replica numbers follow 7.4 on their own, not its base's (SPEC 8.4 rule 4).",
           ck)
+    _join_readings(out, valid)
     return list(out)
+
+
+def _join_readings(out: Vectors, valid: Callable[..., None]) -> None:
+    """Format 1.3's joins (SPEC 7.2 rules 3 and 7, 4.2 rule 4): the readings issue 50 settled."""
+    gate_up = several_gate_up()
+    ck = gate_up.clone()
+    ck.m["format_version"] = "1.2"
+    out.add("piece-duplicate", "joins-in-format-1.2", "The fused gate_up_proj of "
+            "valid-several-pieces-fused-gate-up (each rank two pieces, joinable) in a manifest "
+            "of format_version 1.2. A manifest is read by its own version's rules, and several "
+            "pieces of a tensor on one rank need 1.3 (SPEC 4.2 rule 4, 7.2 rule 3): a reader "
+            "that joins them in any 1.x manifest accepts it.", ck, section="4.2")
+    ck = gate_up.clone()
+    ck.m["format_version"] = "1.4"
+    valid("several-pieces-newer-minor", "4.2", "The same fused gate_up_proj in a manifest of "
+          "format_version 1.4: a newer minor version keeps what 1.3 allows (SPEC 7.2 rule 3, "
+          "'1.3 or later'), read with warning version-newer-minor.", ck,
+          warnings=["version-newer-minor"])
+
+    ck = gate_up.clone()
+    first, second = (p["file"] for p in ck.m["tensors"][GATE_UP]["pieces"] if p["rank"] == 0)
+    ck.put(second, ck.files[first])
+    valid("several-pieces-linked-file", "7.2", "The fused gate_up_proj at TP=2, where rank 0's "
+          f"second file, {second}, is a symbolic link to its first, {first} (created at run "
+          "time). Files are told apart by their listed paths (SPEC 7.2 rule 3, 2.1 rule 3): "
+          "the two pieces lie in two files and each is read from its own path, so rank 0's "
+          "value is the first file's rows twice. A reader that takes the two paths for one "
+          "file refuses a valid checkpoint.", ck, materialize="symlink-to-listed",
+          materialize_path=second, materialize_target=first)
+
+    ck = several_qkv()
+    qkv = "model.layers.0.self_attn.qkv_proj.weight"
+    pieces = ck.m["tensors"][qkv]["pieces"]
+    by_rank = [[p for p in pieces if p["rank"] == r] for r in range(4)]
+    ck.m["tensors"][qkv]["pieces"] = [p for held in by_rank for p in (held[1], held[2], held[0])]
+    for rank in ck.m["ranks"]:
+        files = rank["files"]
+        rank["files"] = [files[2], files[0], files[1]]
+    valid("several-pieces-listed-out-of-order", "7.2", "The fused QKV of "
+          "valid-several-pieces-fused-qkv-gqa with each rank's pieces listed k, v, q in the "
+          "manifest and its files listed v, q, k: a join lays the pieces in increasing offset "
+          "(SPEC 7.2 rule 7), so each rank's value is still q, then k, then v. A reader that "
+          "joins in the manifest's order or in the files' order returns other bytes.", ck)
+
+    fused = values((4,), torch.float32, 180)
+    for at, ok in ((2, False), (4, True)):
+        ck = handmade(Layout(tp_size=1), {
+            "a.safetensors": (0, [("t", "F32", (4,), raw(fused))]),
+            "b.safetensors": (0, [("t", "F32", (0,), b"")])},
+            {"t": {"dtype": "F32", "shape": [4], "pieces": [
+                {"rank": 0, "file": "a.safetensors", "offset": [0], "shape": [4]},
+                {"rank": 0, "file": "b.safetensors", "offset": [at], "shape": [0]}]}})
+        ck.m["format_version"] = "1.3"
+        text = (f"Format 1.3: rank 0 holds an F32 [4] whole in one file and an empty piece at "
+                f"offset [{at}] in another. ")
+        if ok:
+            valid("several-pieces-empty-at-end", "7.2", text + "The empty piece begins where "
+                  "the other ends: the two join (SPEC 7.2 rule 7), to the whole tensor.", ck)
+        else:
+            out.add("piece-duplicate", "empty-inside-run", text + "The empty piece overlaps "
+                    "nothing for coverage (7.3 rule 2), but it lies inside the other's run, "
+                    "so taken by offset one does not end before the next begins: they do not "
+                    "join (SPEC 7.2 rule 7).", ck)
+    ck = handmade(Layout(tp_size=1), {
+        f"{k}.safetensors": (0, [("t", "F32", (4, 0), b"")]) for k in "ab"},
+        {"t": {"dtype": "F32", "shape": [8, 0], "pieces": [
+            {"rank": 0, "file": "a.safetensors", "offset": [0, 0], "shape": [4, 0]},
+            {"rank": 0, "file": "b.safetensors", "offset": [2, 0], "shape": [4, 0]}]}})
+    ck.m["format_version"] = "1.3"
+    out.add("piece-duplicate", "empty-pieces-overlapping", "Format 1.3: an F32 [8, 0] (no "
+            "element, so no coverage rule, 7.3 rule 4) whose rank 0 holds rows 0..4 and rows "
+            "2..6, both empty, in two files. Their runs along dimension 0 overlap, so they do "
+            "not join (SPEC 7.2 rule 7): the order of runs holds for empty pieces too.", ck)
+    for width, ok in ((3, False), (4, True)):
+        ck = handmade(Layout(tp_size=1), {
+            f"{k}.safetensors": (0, [("w", "F4", (0, width), b"")]) for k in "ab"},
+            {"w": {"dtype": "F4", "shape": [0, 2 * width], "pieces": [
+                {"rank": 0, "file": f"{k}.safetensors", "offset": [0, width * i],
+                 "shape": [0, width]} for i, k in enumerate("ab")]}})
+        ck.m["format_version"] = "1.3"
+        text = (f"Format 1.3: an F4 [0, {2 * width}] whose rank 0 holds columns 0..{width} "
+                f"and {width}..{2 * width}, both empty, in two files. Each piece's run along "
+                f"dimension 1 is {width} elements, {4 * width} bits")
+        if ok:
+            valid("several-pieces-empty-whole-byte-runs", "7.2", text + ": whole bytes, so "
+                  "they join, to an empty [0, 8].", ck)
+        else:
+            out.add("piece-duplicate", "sub-byte-empty-half-byte-runs", text + ": not whole "
+                    "bytes. The whole-byte rule of sub-byte dtypes is one of shapes and holds "
+                    "for pieces with no elements too (SPEC 7.2 rule 7).", ck)
 
 
 def _replaced(text: bytes, old: bytes, new: bytes) -> bytes:

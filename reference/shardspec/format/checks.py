@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 
 from .dtypes import DTYPES, bit_count, byte_size, element_count
 from .errors import Finding
-from .joins import join_of, several_per_rank
+from .joins import JOINS_SINCE_MINOR, allows_joins, join_of, several_per_rank
 from .limits import MANIFEST_NAME, MAX_NAME_BYTES, MAX_PATH_BYTES
 from .manifest import Alias, Manifest, Piece, TensorRecord
 from .overlap import first_overlap
@@ -137,6 +137,7 @@ def _listed_folders(paths: Iterable[str]) -> dict[str, str]:
 def _check_tensors(m: Manifest) -> Iterator[Finding]:
     files_of_rank = {r.rank: {f.path for f in r.files} for r in m.ranks}
     tie_bases = tie_bases_of(m)
+    joins = allows_joins(m.format_version)
     for name, record in m.tensors.items():
         if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
             yield Finding(code="schema", message=f"name is longer than {MAX_NAME_BYTES} bytes",
@@ -150,7 +151,7 @@ def _check_tensors(m: Manifest) -> Iterator[Finding]:
                               json_path=f"$.tensors[{name!r}].alias_of")
             continue
         yield from _check_pieces(name, record, files_of_rank)
-        yield from check_several_per_rank(name, record, name in tie_bases)
+        yield from check_several_per_rank(name, record, name in tie_bases, joins)
 
 
 def tie_bases_of(m: Manifest) -> set[str]:
@@ -159,11 +160,15 @@ def tie_bases_of(m: Manifest) -> set[str]:
             if isinstance(r, TensorRecord) and r.tied_to is not None}
 
 
-def check_several_per_rank(name: str, record: TensorRecord, is_tie_base: bool
-                           ) -> Iterator[Finding]:
-    """SPEC 7.2 rules 3 and 7: a rank's several pieces of one tensor are allowed and joinable."""
+def check_several_per_rank(name: str, record: TensorRecord, is_tie_base: bool,
+                           joins: bool = True) -> Iterator[Finding]:
+    """SPEC 7.2 rules 3 and 7: a rank's several pieces of one tensor are allowed and joinable;
+    not ``joins``: the manifest's version predates them (4.2 rule 4)."""
     for rank, held in several_per_rank(record.pieces).items():
-        if record.shape is None:
+        if not joins:
+            why = (f"only a manifest of format 1.{JOINS_SINCE_MINOR} or later may join pieces, "
+                   "and a manifest is read by its own version's rules (SPEC 4.2 rule 4)")
+        elif record.shape is None:
             why = "a rank-local tensor has one piece per rank (SPEC 7.5)"
         elif record.tied_to is not None or is_tie_base:
             why = "a tied tensor and its base have one piece per rank (SPEC 8.4)"

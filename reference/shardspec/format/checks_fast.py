@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from .checks import _check_files, _check_layout, check_several_per_rank, tie_bases_of
 from .dtypes import DTYPES, bit_count, byte_size, element_count
+from .joins import allows_joins
 from .limits import MAX_NAME_BYTES, MAX_SIZE
 from .manifest import Alias, Manifest, Piece, TensorRecord
 from .overlap import first_overlap
@@ -78,7 +79,8 @@ def is_sound(manifest: Manifest) -> bool:
     records = [r for r in records if r.shape is not None] + [r for r in records
                                                              if r.shape is None]
     owner = {f.path: r.rank for r in manifest.ranks for f in r.files}
-    return _Pieces(records, owner, len(manifest.ranks), [id(r) in tied for r in records]).sound()
+    return _Pieces(records, owner, len(manifest.ranks), [id(r) in tied for r in records],
+                   allows_joins(manifest.format_version)).sound()
 
 
 class _Pieces:
@@ -95,8 +97,10 @@ class _Pieces:
     dims: Ints
 
     def __init__(self, records: list[TensorRecord], owner: dict[str, int], ranks: int,
-                 tied: list[bool]) -> None:
+                 tied: list[bool], joins: bool = True) -> None:
         self.records = records
+        #: Whether the manifest's version lets a rank join pieces (SPEC 4.2 rule 4).
+        self.joins = joins
         #: Whether each record is tied or a tie's base (its pieces then never join).
         self.tied = tied
         self.owner = owner
@@ -133,8 +137,8 @@ class _Pieces:
         key = np.sort(key)
         repeated = np.unique(key[1:][key[1:] == key[:-1]] // self.ranks)
         # Few tensors (fused projections, a rank's several DCP chunks): the Python rule on each.
-        return not any(next(check_several_per_rank("", self.records[int(t)], self.tied[int(t)]),
-                            None) for t in repeated)
+        return not any(next(check_several_per_rank("", self.records[int(t)], self.tied[int(t)],
+                                                   self.joins), None) for t in repeated)
 
     def _whole_bytes(self) -> bool:
         """SPEC 6.5, 12: each piece fills whole bytes, fewer than 2**63."""

@@ -12,7 +12,17 @@ from collections.abc import Sequence
 
 from .manifest import Piece
 
-__all__ = ["Join", "join_of", "several_per_rank"]
+__all__ = ["JOINS_SINCE_MINOR", "Join", "allows_joins", "join_of", "several_per_rank"]
+
+#: The first minor version of major 1 whose manifests may hold several pieces of a tensor on one
+#: rank: an older manifest is read by its own version's rules (SPEC 4.2 rule 4, 7.2 rule 3).
+JOINS_SINCE_MINOR = 3
+
+
+def allows_joins(format_version: str) -> bool:
+    """Whether a manifest of ``format_version`` (a checked ``MAJOR.MINOR``) may join pieces."""
+    major, _, minor = format_version.partition(".")
+    return int(major) > 1 or int(minor) >= JOINS_SINCE_MINOR
 
 
 class Join:

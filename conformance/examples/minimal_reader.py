@@ -4,13 +4,14 @@
     python minimal_reader.py CHECKPOINT_DIR RANK OUTPUT_FILE
 
 It reads format 1.3: tied tensors (SPEC 8.4) included, and a rank's several pieces of one
-tensor, which it returns joined (7.2 rules 3, 6, 7). It loads one rank of a checkpoint the way
-SPEC section 11.1 says and writes the tensors that rank loads (aliases as entries of their own)
-to OUTPUT_FILE as a plain safetensors file: the conformance adapter protocol
-(conformance/README.md). On an invalid checkpoint it prints
-``error [code] message (SPEC x.y)`` to stderr, writes nothing and exits 1. Warnings go to stderr
-and do not stop it. Checksums are always verified (SPEC 9.2). ``SHARDSPEC_IGNORE_EXTENSIONS``
-(comma-separated names) lists must-understand extensions the user allows ignoring (SPEC 4.4).
+tensor, which it returns joined (7.2 rules 3, 6, 7; refused in a manifest older than 1.3, 4.2
+rule 4). It loads one rank of a checkpoint the way SPEC section 11.1 says and writes the
+tensors that rank loads (aliases as entries of their own) to OUTPUT_FILE as a plain
+safetensors file: the conformance adapter protocol (conformance/README.md). On an invalid
+checkpoint it prints ``error [code] message (SPEC x.y)`` to stderr, writes nothing and exits 1.
+Warnings go to stderr and do not stop it. Checksums are always verified (SPEC 9.2).
+``SHARDSPEC_IGNORE_EXTENSIONS`` (comma-separated names) lists must-understand extensions the
+user allows ignoring (SPEC 4.4).
 
 Only the Python standard library is used; numpy is imported lazily, by :func:`to_numpy` alone,
 for callers that want arrays. Nothing here comes from the reference package: the manifest, the
@@ -481,6 +482,12 @@ def check_version(m: Any, warnings: list[str]) -> bool:
     return False
 
 
+def manifest_minor(m: dict[str, Any]) -> int:
+    """4.2 rule 4: a manifest is read by the rules of its own version, so what a later minor
+    version first allows is refused in an earlier one (the schema has checked the pattern)."""
+    return int(m["format_version"].split(".")[1])
+
+
 def check_extensions(m: dict[str, Any], ignore: Collection[str], warnings: list[str]) -> None:
     """4.4: this reader understands no extension."""
     for name, record in m.get("extensions", {}).items():
@@ -580,7 +587,9 @@ def join_dimension(pieces: list[dict[str, Any]], dtype: str) -> int | None:
     None: offsets and sizes equal in every other dimension, offsets pairwise distinct along d
     (a piece of size 0 along d too) and, in increasing order, each piece ending no later than
     the next begins; for a dtype of fewer than 8 bits, each piece's run (its elements from
-    dimension d on) a whole number of bytes. A scalar never joins."""
+    dimension d on) a whole number of bytes. These are conditions of offsets and shapes alone:
+    they hold pieces with no elements too, so an empty piece inside another's run, or empty
+    pieces whose sub-byte runs end inside a byte, do not join. A scalar never joins."""
     first, n = pieces[0], len(pieces[0]["offset"])
     differ = [d for d in range(n) if any(p["offset"][d] != first["offset"][d] for p in pieces)]
     if len(differ) != 1:
@@ -597,10 +606,15 @@ def join_dimension(pieces: list[dict[str, Any]], dtype: str) -> int | None:
 
 
 def check_several(name: str, record: dict[str, Any], held: list[dict[str, Any]],
-                  bases: set[str]) -> None:
-    """7.2 rule 3: several pieces of one tensor on one rank, in different files, joinable;
-    never for a rank-local tensor, a tied tensor or the base of one (8.4 rule 1)."""
+                  bases: set[str], minor: int) -> None:
+    """7.2 rule 3: several pieces of one tensor on one rank, only in a manifest of format 1.3
+    or later (4.2 rule 4), in different files, joinable; never for a rank-local tensor, a tied
+    tensor or the base of one (8.4 rule 1). Files are told apart by their listed paths, as
+    strings: a path that links to another listed one is another file (2.1 rule 3)."""
     rank = held[0]["rank"]
+    if minor < 3:
+        fail("piece-duplicate", f"tensor {name!r}: rank {rank} holds {len(held)} pieces, which "
+             f"format 1.{minor} does not allow (1.3 first does; 4.2 rule 4)")
     if "rank_local" in record or "tied_to" in record or name in bases:
         fail("piece-duplicate", f"tensor {name!r}: rank {rank} holds {len(held)} pieces of a "
              "tensor that has one per rank (rank-local, tied, or the base of a tie)")
@@ -614,7 +628,7 @@ def check_several(name: str, record: dict[str, Any], held: list[dict[str, Any]],
 def check_tensors(m: dict[str, Any]) -> None:
     world = m["layout"]["world_size"]
     owned = [{f["path"] for f in rank["files"]} for rank in m["ranks"]]
-    tensors = m["tensors"]
+    tensors, minor = m["tensors"], manifest_minor(m)
     bases = {r["tied_to"]["tensor"] for r in tensors.values()  # 8.4 rule 1
              if "tied_to" in r and "alias_of" not in r and "rank_local" not in r}
     for name, record in tensors.items():
@@ -653,7 +667,7 @@ def check_tensors(m: dict[str, Any]) -> None:
                      "is not a whole number of bytes")
         for held in holders.values():  # 7.2 rule 3, once every piece is inside its tensor
             if len(held) > 1:
-                check_several(name, record, held, bases)
+                check_several(name, record, held, bases, minor)
         if local:
             continue
         check_coverage(name, shape, record["pieces"])
@@ -806,7 +820,8 @@ def join(pieces: list[tuple[list[int], Tensor]]) -> Tensor:
     joinable by check_several): one after the other along the one dimension d where their
     offsets differ, in increasing offset. In row-major order that is, for each index of the
     dimensions before d, each piece's run (its block of rows) in turn. Every run is whole
-    bytes, for sub-byte dtypes too (7.2 rule 7), so the join lays bytes one after the other."""
+    bytes, for sub-byte dtypes too (7.2 rule 7), so the join lays bytes one after the other.
+    The order is the offsets' alone, not the manifest's nor the files' part order."""
     if len(pieces) == 1:
         return pieces[0][1]
     pieces = sorted(pieces, key=lambda p: p[0])  # offsets differ only along d

@@ -124,10 +124,18 @@ fn check_coverage(t: &Tensor, shape: &[u64], elements: u64) -> Result<()> {
     Ok(())
 }
 
-/// 7.2 rule 3: a rank's several pieces of one tensor. Only a global tensor that is neither
-/// tied nor the base of a tie (8.4 rule 1) may have them, each in a file of its own, and they
-/// must be joinable (7.2 rule 7; for a sub-byte dtype, in runs of whole bytes).
-fn check_several(t: &Tensor, rank: u64, held: &[&Piece], is_base: bool) -> Result<()> {
+/// 7.2 rule 3: a rank's several pieces of one tensor. Only a manifest of format 1.3 or later
+/// may have them (4.2 rule 4), and only for a global tensor that is neither tied nor the base
+/// of a tie (8.4 rule 1); each must lie in a file of its own, and they must be joinable (7.2
+/// rule 7; for a sub-byte dtype, in runs of whole bytes). Files are told apart by their listed
+/// paths, as strings (2.1 rule 3): a path that links to another listed one is another file,
+/// read from its own path.
+fn check_several(t: &Tensor, rank: u64, held: &[&Piece], is_base: bool, minor: u64)
+                 -> Result<()> {
+    if minor < 3 {
+        fail!("piece-duplicate", "tensor {:?}: rank {rank} holds {} pieces, which format 1.{minor} \
+               does not allow (1.3 first does, SPEC 4.2 rule 4)", t.name, held.len());
+    }
     let one_only = match &t.kind {
         TensorKind::Global { tied_to, .. } => tied_to.is_some() || is_base,
         _ => true,
@@ -210,7 +218,7 @@ fn check_tensor(m: &Manifest, rank_files: &[HashSet<&str>], t: &Tensor, is_base:
         .collect();
     several.sort_by_key(|(r, _)| **r);
     for (rank, held) in several {
-        check_several(t, *rank, held, is_base)?;
+        check_several(t, *rank, held, is_base, m.minor)?;
     }
     if let Some(shape) = global_shape {
         if elements > 0 {

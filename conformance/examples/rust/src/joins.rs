@@ -6,7 +6,9 @@
 /// and size in every dimension other than d, pairwise distinct offsets along d (a piece of size
 /// 0 along d included) and, in increasing offset along d, each must end no later than the next
 /// begins. For a dtype of fewer than 8 bits (SPEC 6.5), each piece's run `s[d] × … × s[n−1]`
-/// elements must also be whole bytes. A scalar (no dimension) never joins.
+/// elements must also be whole bytes. These are conditions of offsets and shapes alone, so they
+/// hold pieces with no elements too: an empty piece inside another's run, or empty pieces whose
+/// sub-byte runs end inside a byte, do not join. A scalar (no dimension) never joins.
 pub fn join_dimension(pieces: &[(&[u64], &[u64])], bits: u64) -> Option<usize> {
     let (o0, s0) = *pieces.first()?;
     let n = o0.len();
@@ -34,7 +36,7 @@ pub fn join_dimension(pieces: &[(&[u64], &[u64])], bits: u64) -> Option<usize> {
 /// another in increasing offset; in row-major order that is, for each index of the dimensions
 /// before d, each piece's run of that index in turn. Every run is whole bytes, for a sub-byte
 /// dtype too (the manifest checks refused any other), so the runs' bytes are laid one after
-/// the other.
+/// the other. The order is the offsets' alone, not the manifest's nor the files' part order.
 pub fn join(pieces: &[(&[u64], &[u64], &[u8])]) -> (Vec<u64>, Vec<u8>) {
     let o0 = pieces[0].0;
     let d = (0..o0.len()).find(|&e| pieces.iter().any(|(o, _, _)| o[e] != o0[e]))
@@ -97,6 +99,21 @@ mod tests {
         assert_eq!(join_dimension(&rows, 4), None); // runs (whole pieces) of one nibble
         let empty: [(&[u64], &[u64]); 2] = [(&[0, 0], &[2, 0]), (&[0, 1], &[2, 2])];
         assert_eq!(join_dimension(&empty, 4), Some(1)); // a run of 0 bits is whole bytes
+    }
+
+    #[test]
+    fn empty_pieces() {
+        // joinability is of offsets and shapes alone, pieces without elements included
+        let inside: [(&[u64], &[u64]); 2] = [(&[0], &[4]), (&[2], &[0])];
+        assert_eq!(join_dimension(&inside, 32), None); // empty, inside the other's run
+        let at_end: [(&[u64], &[u64]); 2] = [(&[0], &[4]), (&[4], &[0])];
+        assert_eq!(join_dimension(&at_end, 32), Some(0));
+        let overlapping: [(&[u64], &[u64]); 2] = [(&[0, 0], &[4, 0]), (&[2, 0], &[4, 0])];
+        assert_eq!(join_dimension(&overlapping, 32), None); // runs overlap along 0
+        let whole: [(&[u64], &[u64]); 2] = [(&[0, 0], &[0, 4]), (&[0, 4], &[0, 4])];
+        assert_eq!(join_dimension(&whole, 4), Some(1)); // F4 runs of 16 bits
+        let halves: [(&[u64], &[u64]); 2] = [(&[0, 0], &[0, 3]), (&[0, 3], &[0, 3])];
+        assert_eq!(join_dimension(&halves, 4), None); // F4 runs of 12 bits
     }
 
     #[test]

@@ -79,6 +79,9 @@ pub struct Extension {
 
 #[derive(Debug, Clone)]
 pub struct Manifest {
+    /// the MINOR of `format_version`: a manifest is read by its own version's rules (SPEC 4.2
+    /// rule 4), so several pieces of a tensor on one rank need 1.3 or later (7.2 rule 3)
+    pub minor: u64,
     pub layout: Layout,
     pub ranks: Vec<RankRecord>,
     /// compared only when a caller asks for a method (SPEC 8.3); the adapter never does

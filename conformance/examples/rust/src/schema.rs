@@ -324,9 +324,9 @@ pub fn validate(root: &Value, newer_minor: bool, warnings: &mut Vec<Finding>) ->
         fail!("schema", "format: must be the string \"shardspec\" (SPEC 3.1)");
     }
     let version = s.string(get(m, "format_version").unwrap(), "format_version")?;
-    if parse_version(version).is_none() {
+    let Some((_, minor)) = parse_version(version) else {
         fail!("schema", "format_version {version:?} is not MAJOR.MINOR (SPEC 4.1)");
-    }
+    };
     if let Some(g) = get(m, "generator") {
         if s.string(g, "generator")?.chars().count() > 256 {
             fail!("schema", "generator: more than 256 characters");
@@ -378,7 +378,7 @@ pub fn validate(root: &Value, newer_minor: bool, warnings: &mut Vec<Finding>) ->
             extensions.push(Extension { name: name.clone(), must_understand });
         }
     }
-    Ok(Manifest { layout, ranks, quantization_method: method.to_string(), tensors, extra_files,
+    Ok(Manifest { minor, layout, ranks, quantization_method: method.to_string(), tensors, extra_files,
                   extensions })
 }
 

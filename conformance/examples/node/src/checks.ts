@@ -87,12 +87,19 @@ function sameDims(a: readonly bigint[] | null, b: readonly bigint[] | null): boo
 }
 
 /**
- * SPEC 7.2 rule 3: a rank's several pieces of one tensor. Only a global tensor that is neither
- * tied nor the base of a tie (8.4 rule 1) may have them, each in a file of its own, and they
- * must be joinable (7.2 rule 7; for a sub-byte dtype, in runs of whole bytes).
+ * SPEC 7.2 rule 3: a rank's several pieces of one tensor. Only a manifest of format 1.3 or later
+ * may have them (4.2 rule 4: a manifest is read by its own version's rules), and only for a
+ * global tensor that is neither tied nor the base of a tie (8.4 rule 1); each must lie in a file
+ * of its own, and they must be joinable (7.2 rule 7; for a sub-byte dtype, in runs of whole
+ * bytes). Files are told apart by their listed paths, as strings (2.1 rule 3): a path that links
+ * to another listed one is another file, read from its own path.
  */
-function checkSeveral(name: string, t: Exclude<TensorRecord, { kind: "alias" }>, rank: number, held: Piece[], isBase: boolean): void {
+function checkSeveral(m: Manifest, name: string, t: Exclude<TensorRecord, { kind: "alias" }>, rank: number, held: Piece[], isBase: boolean): void {
   const q = JSON.stringify(name);
+  const minor = Number(m.formatVersion.split(".")[1]); // the schema checked the pattern
+  if (minor < 3) {
+    fail("piece-duplicate", `${q} has ${held.length} pieces on rank ${rank}, which format ${m.formatVersion} does not allow (1.3 first does, SPEC 4.2 rule 4)`, "7.2");
+  }
   if (t.kind !== "global" || t.tiedTo !== null || isBase) {
     fail("piece-duplicate", `${q} has ${held.length} pieces on rank ${rank}; a rank-local tensor, a tied tensor and the base of a tie have one piece per rank`, "7.2");
   }
@@ -138,7 +145,7 @@ function checkPieces(m: Manifest, name: string, t: Exclude<TensorRecord, { kind:
   }
   // SPEC 7.2 rule 3, once every piece lies inside its tensor.
   for (const [rank, held] of [...ranks].sort((a, b) => a[0] - b[0])) {
-    if (held.length > 1) checkSeveral(name, t, rank, held, isBase);
+    if (held.length > 1) checkSeveral(m, name, t, rank, held, isBase);
   }
 }
 

@@ -10,7 +10,9 @@ export interface PieceArray extends Box { data: Uint8Array }
  * dimension other than d, pairwise distinct offsets along d (a piece of size 0 along d included)
  * and, in increasing offset along d, each must end no later than the next begins. For a dtype of
  * fewer than 8 bits (SPEC 6.5), each piece's run `s[d] × … × s[n−1]` elements must also be whole
- * bytes. A scalar (no dimension) never joins.
+ * bytes. These are conditions of offsets and shapes alone, so they hold pieces with no elements
+ * too: an empty piece inside another's run, or empty pieces whose sub-byte runs end inside a
+ * byte, do not join. A scalar (no dimension) never joins.
  */
 export function joinDimension(pieces: readonly Box[], bits: bigint): number | null {
   const first = pieces[0];
@@ -42,7 +44,8 @@ export function joinDimension(pieces: readonly Box[], bits: bigint): number | nu
  * (where their offsets differ) the pieces follow one another in increasing offset; in row-major
  * order that is, for each index of the dimensions before d, each piece's run of that index in
  * turn. Every run is whole bytes, for a sub-byte dtype too (the manifest checks refused any
- * other), so the runs' bytes are laid one after the other.
+ * other), so the runs' bytes are laid one after the other. The order is the offsets' alone,
+ * not the manifest's nor the files' part order.
  */
 export function join(pieces: readonly PieceArray[]): { shape: bigint[]; data: Uint8Array } {
   const first = pieces[0] as PieceArray;

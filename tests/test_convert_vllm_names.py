@@ -353,11 +353,42 @@ def test_vllm_names_validate_and_reshard_as_slices_of_the_global_tensors(
     assert all(torch.equal(on_load[name], state[name]) for name in state)
 
 
-def test_vllm_names_reshard_to_another_tp_above_1_is_refused_naming_the_fused_tensor(
-        tmp_path: Path) -> None:
-    """Resharding cuts a global tensor in one slice a rank, and a slice of a fused q/k/v
-    tensor is not whole heads of each: refused, as for Hugging Face's fused tensors."""
-    dst, _ = _ckpt(tmp_path, tp=2)
-    result = CliRunner().invoke(app, ["reshard", str(dst), str(tmp_path / "tp4"), "--tp", "4"])
-    assert result.exit_code != 0
-    assert "reshard-unsupported" in result.output and "qkv_proj" in result.output
+@pytest.mark.parametrize(("source", "target", "kv_heads"),
+                         [(2, 1, 2), (2, 4, 2), (4, 2, 2), (4, 1, 2), (4, 2, 1), (2, 4, 1)])
+def test_vllm_names_reshard_keeps_parts_as_convert_writes_them_at_the_new_tp(
+        tmp_path: Path, source: int, target: int, kv_heads: int) -> None:
+    """SPEC 11.3 rule 12: `reshard` of a vLLM-named checkpoint cuts qkv_proj and gate_up_proj
+    part by part, q, k and v in whole heads (key/value heads replicated where fewer than
+    ranks): the manifest's tensors are those convert writes at the new TP, and every data
+    file holds the same entries and bytes. Read at the new TP without writing: the same."""
+    src, _ = _hf(tmp_path, heads=4, kv_heads=kv_heads, hidden=16, bias=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)  # replicated key/value heads
+        convert(src, tmp_path / "from", tp_size=source, names="vllm")
+        convert(src, tmp_path / "want", tp_size=target, names="vllm")
+    result = CliRunner().invoke(app, ["reshard", str(tmp_path / "from"), str(tmp_path / "got"),
+                                      "--tp", str(target)])
+    assert result.exit_code == 0, result.output
+    got, want = (shardspec.open(tmp_path / d).manifest for d in ("got", "want"))
+    assert got.to_dict()["tensors"] == want.to_dict()["tensors"]
+    qkv = got.tensors["model.layers.0.self_attn.qkv_proj.weight"]
+    assert isinstance(qkv, TensorRecord)
+    assert len([p for p in qkv.pieces if p.rank == 0]) == (1 if target == 1 else 3)
+    for rank in want.ranks:
+        for record in rank.files:
+            with safe_open(str(tmp_path / "got" / record.path), framework="pt") as a, \
+                    safe_open(str(tmp_path / "want" / record.path), framework="pt") as b:
+                names = sorted(b.keys())
+                assert sorted(a.keys()) == names, record.path
+                for name in names:
+                    x, y = a.get_tensor(name), b.get_tensor(name)
+                    assert x.dtype == y.dtype and torch.equal(
+                        x.view(torch.uint8) if x.dim() else x,
+                        y.view(torch.uint8) if y.dim() else y), (record.path, name)
+    for rank in range(target):
+        on_load = shardspec.open(tmp_path / "from").load_rank(rank, "cpu",
+                                                              layout=Layout(tp_size=target))
+        wanted = load_rank(tmp_path / "want", rank, device="cpu")
+        assert on_load.keys() == wanted.keys()
+        for name, tensor in wanted.items():
+            assert torch.equal(on_load[name], tensor), (rank, name)

@@ -63,16 +63,26 @@ def test_a_rank_reads_the_join_of_its_pieces(fused_tp2: tuple[Path, dict[int, An
 def test_joined_pieces_reshard_on_load_and_on_disk(
     fused_tp2: tuple[Path, dict[int, Any]], tmp_path: Path
 ) -> None:
+    """Resharded part by part (SPEC 11.3 rule 12): at TP 4 each rank holds its quarter of each
+    part, as a TP-4 writer cutting per part writes it; at TP 1 the parts are one piece."""
     path, _ = fused_tp2
     whole = shardspec.load_rank(path, 0, "cpu", layout=Layout(tp_size=1))
     assert torch.equal(whole["fused"], GLOBAL)
+    tp4, sharding4 = per_part(4)
     for rank in range(4):
         got = shardspec.load_rank(path, rank, "cpu", layout=Layout(tp_size=4), verify=True)
-        assert torch.equal(got["fused"], torch.tensor_split(GLOBAL, 4)[rank])
+        assert torch.equal(got["fused"], tp4[rank]["fused"])
     reshard(path, tmp_path / "tp4", Layout(tp_size=4))
     for rank in range(4):
         got = shardspec.load_rank(tmp_path / "tp4", rank, "cpu")
-        assert torch.equal(got["fused"], torch.tensor_split(GLOBAL, 4)[rank])
+        assert torch.equal(got["fused"], tp4[rank]["fused"])
+    record = shardspec.open(tmp_path / "tp4").manifest.tensors["fused"]
+    assert [(p.rank, p.offset, p.shape) for p in record.pieces] == [  # type: ignore[union-attr]
+        (rank, s.offset, s.shape) for rank in range(4) for s in sharding4[rank]["fused"]]
+    reshard(path, tmp_path / "tp1", Layout(tp_size=1))
+    record = shardspec.open(tmp_path / "tp1").manifest.tensors["fused"]
+    assert [(p.offset, p.shape) for p in record.pieces] == [  # type: ignore[union-attr]
+        ((0, 0), (16, 4))]
 
 
 def test_columns_join_with_gaps_and_uneven_runs(tmp_path: Path) -> None:
@@ -218,3 +228,56 @@ def test_any_per_part_split_round_trips(tp: int, parts: int, data: st.DataObject
         return
     for r in range(tp):
         assert torch.equal(shardspec.load_rank(path, r, "cpu")["w"], states[r]["w"])
+
+
+def test_parts_along_columns_reshard_part_by_part(tmp_path: Path) -> None:
+    """A tensor fused along its columns (a packed weight of input-major quantizers: qweight
+    [K, N] of q, k and v) keeps its parts along dimension 1 (SPEC 11.3 rule 12)."""
+    weight = torch.arange(4 * 24, dtype=torch.int32).reshape(4, 24)
+
+    def per_rank(tp: int) -> tuple[dict[int, Any], dict[int, Any]]:
+        states, sharding = {}, {}
+        for r in range(tp):
+            runs = [(p * 8 + r * 8 // tp, 8 // tp) for p in range(3)]
+            states[r] = {"w": torch.cat([weight[:, a:a + n] for a, n in runs], dim=1)}
+            sharding[r] = {"w": [Shard((4, 24), (0, a), shape=(4, n)) for a, n in runs]}
+        return states, sharding
+
+    states, sharding = per_rank(2)
+    shardspec.save(states, tmp_path / "c", layout=Layout(tp_size=2), sharding=sharding)
+    want, _ = per_rank(4)
+    for rank in range(4):
+        got = shardspec.load_rank(tmp_path / "c", rank, "cpu", layout=Layout(tp_size=4))
+        assert torch.equal(got["w"], want[rank]["w"]), rank
+    reshard(tmp_path / "c", tmp_path / "tp4", Layout(tp_size=4))
+    for rank in range(4):
+        assert torch.equal(shardspec.load_rank(tmp_path / "tp4", rank, "cpu")["w"],
+                           want[rank]["w"])
+
+
+@pytest.mark.parametrize("runs", [
+    {0: [(0, 4), (4, 4)], 1: [(8, 4), (12, 4)]},  # each rank's chunks adjacent (DCP, FSDP)
+    {0: [(0, 4), (4, 4)], 1: [(8, 8)]},  # ranks holding different numbers of pieces
+])
+def test_pieces_that_are_no_parts_reshard_as_one_region(
+        tmp_path: Path, runs: dict[int, list[tuple[int, int]]]) -> None:
+    """Where the j-th pieces of the ranks do not make up parts that follow one another, the
+    group's pieces are one region, sliced by rule 4 (SPEC 11.3 rules 3, 4 and 12)."""
+    states = {r: {"fused": torch.cat([GLOBAL[a:a + n] for a, n in rs])} for r, rs in runs.items()}
+    sharding = {r: {"fused": [Shard((16, 4), (a, 0), shape=(n, 4)) for a, n in rs]}
+                for r, rs in runs.items()}
+    shardspec.save(states, tmp_path / "c", layout=Layout(tp_size=2), sharding=sharding)
+    for rank in range(4):
+        got = shardspec.load_rank(tmp_path / "c", rank, "cpu", layout=Layout(tp_size=4))
+        assert torch.equal(got["fused"], torch.tensor_split(GLOBAL, 4)[rank]), rank
+
+
+def test_a_join_along_the_first_dimension_is_a_view_of_the_parts(
+        fused_tp2: tuple[Path, dict[int, Any]]) -> None:
+    """Resharded on load, a rank's parts are read into one buffer one after the other: their
+    join along dimension 0 is a view of it, not a copy."""
+    path, _ = fused_tp2
+    got = shardspec.load_rank(path, 1, "cpu", layout=Layout(tp_size=4))
+    tp4, _ = per_part(4)
+    assert torch.equal(got["fused"], tp4[1]["fused"])
+    assert got["fused"]._base is not None and got["fused"].is_contiguous()

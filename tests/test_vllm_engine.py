@@ -13,7 +13,9 @@ byte it did not read would not match.
 - ``convert --names vllm`` at TP 1 and 2 loads in vLLM's own ``sharded_state`` loader
   (issue 25: the attention layers' scale buffers; at TP 2 with ``sharded_state``) and, with
   its fused tensors global and cut per part (issue 40), in the plugin, at its own layout
-  and, where no tensor is rank-local (a vocabulary vLLM need not pad), at another.
+  and, where no tensor is rank-local (a vocabulary vLLM need not pad), at another;
+- ``reshard`` of ``--names vllm`` output keeps its parts (issue 50): the result at TP 1, 2
+  and 4 serves equal to ``auto``, at TP 1 in ``sharded_state`` too.
 """
 
 from __future__ import annotations
@@ -23,13 +25,16 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 import shardspec
+from shardspec.cli import app
 from shardspec.convert import convert
 from shardspec.convert.tp_plan import PlanWarning
 from vllm_engine import (
@@ -233,10 +238,10 @@ def test_vllm_names_serve_in_the_plugin_at_their_own_layout(llama: Path, auto: B
     assert "checkpoint rank 0, whole" in served.log
 
 
-def test_vllm_names_without_padding_serve_at_another_layout(tmp_path: Path) -> None:
-    """A vocabulary vLLM need not pad (1024 rows) leaves no rank-local tensor in a ``--names
-    vllm`` checkpoint: written at TP 2, it serves at TP 1, by a placement plan recorded from
-    vLLM's own weight loaders, which cut the fused tensors per part."""
+@pytest.fixture(scope="module")
+def unpadded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Llama whose vocabulary vLLM need not pad (1024 rows): a ``--names vllm`` checkpoint
+    of it holds no rank-local tensor, so it reshards."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -244,13 +249,58 @@ def test_vllm_names_without_padding_serve_at_another_layout(tmp_path: Path) -> N
                          head_dim=32, intermediate_size=512, num_hidden_layers=2,
                          vocab_size=1024, max_position_embeddings=256,
                          tie_word_embeddings=False)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp_path / "hf")
-    ckpt = _converted(tmp_path / "hf", tmp_path / "tp2", tp_size=2, names="vllm")
+    path = tmp_path_factory.mktemp("unpadded") / "hf"
+    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def unpadded_auto(unpadded: Path) -> Baseline:
+    """``auto`` on the unpadded model, one engine per TP, run once."""
+    cache: dict[int, Generated] = {}
+
+    def get(tp: int = 1) -> Generated:
+        if tp not in cache:
+            cache[tp] = generate(unpadded, "auto", tp=tp)
+        return cache[tp]
+
+    return get
+
+
+def test_vllm_names_without_padding_serve_at_another_layout(
+        unpadded: Path, unpadded_auto: Baseline, tmp_path: Path) -> None:
+    """A vocabulary vLLM need not pad (1024 rows) leaves no rank-local tensor in a ``--names
+    vllm`` checkpoint: written at TP 2, it serves at TP 1, by a placement plan recorded from
+    vLLM's own weight loaders, which cut the fused tensors per part."""
+    ckpt = _converted(unpadded, tmp_path / "tp2", tp_size=2, names="vllm")
     records = shardspec.open(ckpt).manifest.tensors.values()
     assert not any(getattr(r, "rank_local", False) for r in records)
     served = generate(ckpt, "shardspec", tp=1)
-    _same(served, generate(tmp_path / "hf", "auto", tp=1))
+    _same(served, unpadded_auto(1))
     assert "resharded on load" in served.log
+
+
+@pytest.mark.parametrize(("source", "target", "engine_tp"), [(4, 1, 1), (4, 2, 2), (2, 4, 2)])
+def test_reshard_of_vllm_names_serves_at_the_new_tp(
+        unpadded: Path, unpadded_auto: Baseline, tmp_path: Path, source: int, target: int,
+        engine_tp: int) -> None:
+    """Issue 50: ``reshard`` of a ``--names vllm`` checkpoint keeps vLLM's parts (SPEC 11.3
+    rule 12): at TP 1 and 2 the plugin serves it at its own layout, reading each piece into
+    its rows of the parameter, equal to ``auto``; vLLM's CPU build cannot run 4 workers on
+    this machine's 2 cores, so the TP-4 output serves at TP 2 (and equals what convert writes
+    at TP 4 in tests/test_convert_vllm_names.py). At TP 1, where each name is one piece a
+    rank, vLLM's own ``sharded_state`` loader reads it too."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PlanWarning)  # 2 key/value heads over 4 ranks
+        ckpt = _converted(unpadded, tmp_path / f"tp{source}", tp_size=source, names="vllm")
+    out = tmp_path / f"resharded-tp{target}"
+    result = CliRunner().invoke(app, ["reshard", str(ckpt), str(out), "--tp", str(target)])
+    assert result.exit_code == 0, result.output
+    served = generate(out, "shardspec", tp=engine_tp)
+    _same(served, unpadded_auto(engine_tp))
+    assert ("resharded on load" in served.log) == (target != engine_tp), served.log
+    if target == 1:
+        _same(generate(out, "sharded_state", tp=1, check_boxes=False), unpadded_auto(1))
 
 
 def test_rank_local_checkpoint_at_another_layout_is_refused(llama: Path, tmp_path: Path) -> None:

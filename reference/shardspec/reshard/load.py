@@ -11,9 +11,11 @@ and compared with the manifest (7.2) before any of its data is read.
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -152,11 +154,12 @@ def execute_reshard(
     budget = REMOTE_GAP_BUDGET if gap_budget is None else gap_budget
     stats = stats if stats is not None else ReadStats()
     stats.target_bytes += plan.target_bytes
-    out = _allocate(plan.pieces, separate)
-    jobs: dict[tuple[int, str], list[tuple[str, TargetPiece, SourcePiece]]] = {}
-    for name, piece in plan.pieces.items():
+    out = _allocate(plan, separate)
+    jobs: dict[tuple[int, str], list[_Job]] = {}
+    for name, part, piece in plan.every_piece():
         for source in piece.sources:
-            jobs.setdefault((source.rank, source.file), []).append((name, piece, source))
+            jobs.setdefault((source.rank, source.file), []).append(
+                _Job(name, (name, part), piece, source))
     file_plans = {f.record.path: f  # one pass over the manifest for every source rank
                   for rank_plan in plan_ranks(manifest, sorted({r for r, _ in jobs}))
                   for f in rank_plan.files}
@@ -166,8 +169,7 @@ def execute_reshard(
     done = verified if verified is not None else set()
     lock = threading.Lock()
 
-    def read(item: tuple[FilePlan, list[tuple[str, TargetPiece, SourcePiece]], ReadStats]
-             ) -> None:
+    def read(item: tuple[FilePlan, list[_Job], ReadStats]) -> None:
         path = item[0].record.path
         with lock:  # each file is hashed by one call only
             hash_it = verify and path not in done
@@ -180,7 +182,8 @@ def execute_reshard(
                 done.discard(path)  # not verified after all
             raise
         if on_read is not None:
-            count = sum(byte_size(DTYPES[t.dtype], s.box_shape) or 0 for _, t, s in item[1])
+            count = sum(byte_size(DTYPES[j.target.dtype], j.source.box_shape) or 0
+                        for j in item[1])
             with lock:
                 on_read(count)
 
@@ -203,21 +206,37 @@ def execute_reshard(
     return _finish(plan, out, device)
 
 
-def _allocate(pieces: Mapping[str, TargetPiece], separate: bool) -> dict[str, torch.Tensor]:
-    """Name -> a flat uint8 host tensor of the piece's bytes (uninitialised)."""
-    sizes = {name: p.nbytes for name, p in pieces.items() if p.nbytes}
+@dataclass(frozen=True)
+class _Job:
+    """One source box of one target piece: the tensor's ``name`` (its entry in the source
+    file) and the ``key`` of the target piece's buffer (name, part index or None)."""
+
+    name: str
+    key: _Key
+    target: TargetPiece
+    source: SourcePiece
+
+
+#: A target piece's buffer: (tensor name, part index or None for a tensor held in one piece).
+_Key = tuple[str, "int | None"]
+
+
+def _allocate(plan: ReshardPlan, separate: bool) -> dict[_Key, torch.Tensor]:
+    """Key -> a flat uint8 host tensor of the piece's bytes (uninitialised). A tensor's parts
+    lie one after the other, so a join along its first dimension is a view of them."""
+    sizes = {(name, part): p.nbytes for name, part, p in plan.every_piece() if p.nbytes}
     if separate:
-        return {name: fresh_buffer(size) for name, size in sizes.items()}
+        return {key: fresh_buffer(size) for key, size in sizes.items()}
     offsets, total = {}, 0
-    for name, size in sizes.items():
-        offsets[name] = total
-        total += -(-size // _ALIGN) * _ALIGN
+    for key, size in sizes.items():
+        offsets[key] = total
+        total += size if key[1] is not None else -(-size // _ALIGN) * _ALIGN
     buffer = fresh_buffer(total)
-    return {name: buffer[offsets[name] : offsets[name] + size] for name, size in sizes.items()}
+    return {key: buffer[offsets[key] : offsets[key] + size] for key, size in sizes.items()}
 
 
 def _finish(
-    plan: ReshardPlan, out: dict[str, torch.Tensor], device: torch.device
+    plan: ReshardPlan, out: dict[_Key, torch.Tensor], device: torch.device
 ) -> dict[str, torch.Tensor]:
     if device.type != "cpu" and out:
         first = next(iter(out.values()))
@@ -230,21 +249,45 @@ def _finish(
             out = {n: t.to(device) for n, t in out.items()}
     tensors: dict[str, torch.Tensor] = {}
     for name, piece in plan.pieces.items():
-        dtype, shape = torch_layout(DTYPES[piece.dtype], piece.shape)
-        if name not in out:
-            tensors[name] = torch.empty(shape, dtype=dtype, device=device)
-        else:
-            tensors[name] = out[name].view(dtype).reshape(shape)
+        tensors[name] = _as_tensor(piece, out.get((name, None)), device)
+    for name, held in plan.parts.items():
+        dim = plan.joined_along[name]
+        views = [_as_tensor(piece, out.get((name, part)), device)
+                 for part, piece in enumerate(held)]
+        tensors[name] = _joined(views, dim)
     for alias, target in plan.aliases.items():
         tensors[alias] = tensors[target]
     return tensors
 
 
+def _as_tensor(piece: TargetPiece, data: torch.Tensor | None, device: torch.device
+               ) -> torch.Tensor:
+    dtype, shape = torch_layout(DTYPES[piece.dtype], piece.shape)
+    if data is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return data.view(dtype).reshape(shape)
+
+
+def _joined(views: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """The join of a rank's pieces along ``dim`` (SPEC 7.2 rule 7): a view of their bytes
+    where they lie one after the other and ``dim`` is outermost, else a copy."""
+    outer = math.prod(views[0].shape[:dim])
+    if outer <= 1 and all(v.is_contiguous() for v in views) and all(
+            a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            and a.storage_offset() + a.numel() == b.storage_offset()
+            for a, b in zip(views, views[1:], strict=False)):
+        shape = list(views[0].shape)
+        shape[dim] = sum(v.shape[dim] for v in views)
+        return views[0].as_strided(shape, torch.empty(shape, device="meta").stride(),
+                                   views[0].storage_offset())
+    return torch.cat(views, dim=dim)
+
+
 def _read_file(
     root: Path | RemoteRoot,
     plan: FilePlan,
-    jobs: list[tuple[str, TargetPiece, SourcePiece]],
-    out: dict[str, torch.Tensor],
+    jobs: list[_Job],
+    out: dict[_Key, torch.Tensor],
     scratch: Scratch,
     stats: ReadStats,
     verify: bool,
@@ -268,14 +311,14 @@ def _read_file(
         if verify:
             handle.seek(0)
             _verify(handle, record, stats)
-        jobs = sorted(jobs, key=lambda job: header.entries[job[0]].begin)
+        jobs = sorted(jobs, key=lambda job: header.entries[job.name].begin)
         if local_gap_budget is None:
             reads: FileReads | BudgetedFileReads = FileReads(handle.fileno(), stats, record.path)
         else:  # reads wait for flush: each box gets a scratch buffer of its own
             reads = BudgetedFileReads(handle.fileno(), stats, record.path, local_gap_budget,
                                       header.data_start)
-        for name, target, source in jobs:
-            read_box(reads, header, name, target, source, out[name],
+        for job in jobs:
+            read_box(reads, header, job.name, job.target, job.source, out[job.key],
                      scratch if local_gap_budget is None else Scratch())
         reads.flush()
 
@@ -283,8 +326,8 @@ def _read_file(
 def _read_remote_file(
     root: RemoteRoot,
     plan: FilePlan,
-    jobs: list[tuple[str, TargetPiece, SourcePiece]],
-    out: dict[str, torch.Tensor],
+    jobs: list[_Job],
+    out: dict[_Key, torch.Tensor],
     stats: ReadStats,
     verify: bool,
     gap_budget: float,
@@ -294,7 +337,7 @@ def _read_remote_file(
     record = plan.record
     stats.files_opened.append(record.path)
     source = RemoteObject(root, record.path, record.size)
-    wanted = sum(byte_size(DTYPES[t.dtype], s.box_shape) or 0 for _, t, s in jobs)
+    wanted = sum(byte_size(DTYPES[j.target.dtype], j.source.box_shape) or 0 for j in jobs)
     if record.size <= (1 + gap_budget) * wanted and len(root.link.ranges(0, record.size)) == 1:
         # Fetching the whole object with one GET asks no more than the budget allows: every
         # box is then copied out of it, no request per run.
@@ -315,11 +358,10 @@ def _read_remote_file(
         digests = Digests(record.checksums)
         digests.update(prefix)
     reads = RemoteReads(source, stats, prefix, gap_budget, digests)
-    for name, target, source_piece in sorted(jobs,
-                                             key=lambda job: header.entries[job[0]].begin):
+    for job in sorted(jobs, key=lambda job: header.entries[job.name].begin):
         # Boxes read through a scratch buffer are copied after every request is in: each box
         # gets a scratch buffer of its own.
-        read_box(reads, header, name, target, source_piece, out[name], Scratch())
+        read_box(reads, header, job.name, job.target, job.source, out[job.key], Scratch())
     reads.flush()
     if digests is not None:
         check_digests(record.path, record.checksums, digests.hexdigests(), "object")

@@ -33,14 +33,14 @@ rank-local tensors cannot be resharded.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 from ..format.dtypes import DTYPES, byte_size
 from ..format.errors import Finding, error_for
 from ..format.experts import ExpertTensor, expert_rank, experts_held
-from ..format.heads import HeadCounts, HeadsError, head_slices
+from ..format.heads import HeadCounts, HeadsError, Kind, head_kind, head_runs, head_slices
 from ..format.manifest import Alias, Layout, Manifest, Piece, TensorRecord
 from ..format.overlap import first_overlap
 from ..format.stages import assign_stages
@@ -98,14 +98,26 @@ class ReshardPlan:
     layout: Layout
     pieces: dict[str, TargetPiece]
     aliases: dict[str, str]
+    #: Tensors the rank holds in several pieces, one of each part (SPEC 11.3 rule 12), in join
+    #: order: the rank's value is their join along ``joined_along[name]`` (7.2 rule 7).
+    parts: dict[str, tuple[TargetPiece, ...]] = field(default_factory=dict)
+    joined_along: dict[str, int] = field(default_factory=dict)
+
+    def every_piece(self) -> Iterator[tuple[str, int | None, TargetPiece]]:
+        """(name, part index or None for a tensor held in one piece, piece)."""
+        for name, piece in self.pieces.items():
+            yield name, None, piece
+        for name, held in self.parts.items():
+            for index, piece in enumerate(held):
+                yield name, index, piece
 
     @property
     def target_bytes(self) -> int:
-        return sum(p.nbytes for p in self.pieces.values())
+        return sum(p.nbytes for _, _, p in self.every_piece())
 
     def source_files(self) -> list[tuple[int, str]]:
         """The (source rank, file) pairs the plan reads from, in rank then path order."""
-        return sorted({(s.rank, s.file) for p in self.pieces.values() for s in p.sources})
+        return sorted({(s.rank, s.file) for _, _, p in self.every_piece() for s in p.sources})
 
 
 def _refuse(
@@ -148,6 +160,21 @@ def _bounding(boxes: list[Box]) -> Box:
     return lo, tuple(h - low for h, low in zip(hi, lo, strict=True))
 
 
+def _merged(boxes: list[Box], dim: int | None) -> list[Box]:
+    """A rank's slices of the parts with each run of adjacent ones along ``dim`` (each ending
+    where the next begins) made one box (SPEC 11.3 rule 12)."""
+    out = [boxes[0]]
+    for box in boxes[1:]:
+        last = out[-1]
+        if dim is not None and last[0][dim] + last[1][dim] == box[0][dim]:
+            shape = tuple(a + b if d == dim else a
+                          for d, (a, b) in enumerate(zip(last[1], box[1], strict=True)))
+            out[-1] = (last[0], shape)
+        else:
+            out.append(box)
+    return out
+
+
 def _numbered(boxes: Mapping[int, Box]) -> dict[int, tuple[Box, int]]:
     """rank -> (box, replica): equal boxes are replicas 0, 1, ... in rank order (rule 6)."""
     replica_of: dict[Box, int] = {}
@@ -169,10 +196,40 @@ _Wanted = tuple[str, TensorRecord, Box, int, list[tuple[Box, list[Piece]]]]
 
 @dataclass(frozen=True)
 class _Region:
-    """What one (stage, expert rank) group of source ranks holds of a tensor."""
+    """What one (stage, expert rank) group of source ranks holds of a tensor; ``parts``: the
+    regions of its parts, in order along ``dim``, where the group holds it cut in parts."""
 
     box: Box
     dim: int | None
+    parts: tuple[Box, ...] = ()
+
+
+def _parts(pieces: list[Piece], ndim: int) -> tuple[int, tuple[Box, ...]] | None:
+    """(join dim, part regions) where every rank of a group holds m >= 2 pieces whose j-th ones
+    make up part j, the parts following one another along the join dim, each spanning the
+    group's region in the other dims (SPEC 11.3 rule 12); None otherwise."""
+    by_rank: dict[int, list[Piece]] = {}
+    for piece in pieces:
+        by_rank.setdefault(piece.rank, []).append(piece)
+    counts = {len(held) for held in by_rank.values()}
+    if len(counts) != 1 or counts == {1} or ndim == 0:
+        return None
+    offsets = {id(p): p.offset or (0,) * ndim for p in pieces}
+    dims = {d for held in by_rank.values() for d in range(ndim)
+            if len({offsets[id(p)][d] for p in held}) > 1}
+    if len(dims) != 1:
+        return None
+    dim = dims.pop()
+    ordered = [sorted(held, key=lambda p: offsets[id(p)][dim]) for held in by_rank.values()]
+    parts = tuple(_bounding([(offsets[id(held[j])], held[j].shape) for held in ordered])
+                  for j in range(counts.pop()))
+    region = _bounding([(offsets[id(p)], p.shape) for p in pieces])
+    if any(a[0][dim] + a[1][dim] > b[0][dim] for a, b in zip(parts, parts[1:], strict=False)):
+        return None
+    if any(part[0][e] != region[0][e] or part[1][e] != region[1][e]
+           for part in parts for e in range(ndim) if e != dim):
+        return None
+    return dim, parts
 
 
 class Resharder:
@@ -215,6 +272,8 @@ class Resharder:
             for name, record in manifest.tensors.items():
                 if isinstance(record, Alias) and record.alias_of in self._stages:
                     self._stages[record.alias_of].add(stage_of[name])
+        #: name -> target rank -> its pieces of a tensor cut in parts, in join order (rule 12)
+        self.parted: dict[str, dict[int, tuple[tuple[Box, int], ...]]] = {}
         # Bases first: a tied tensor's boxes are derived from its base's (rule 9).
         targets = {name: self._target_boxes(name, record)
                    for name, record in records.items() if record.tied_to is None}
@@ -223,7 +282,7 @@ class Resharder:
                 targets[name] = self._tied_targets(name, record, targets)
         #: name -> target rank -> (box, replica), in the manifest's order
         self.targets: dict[str, dict[int, tuple[Box, int]]] = {
-            name: targets[name] for name in records
+            name: targets[name] for name in records if name not in self.parted
         }
         #: name -> primary box -> the pieces (primary and replicas) holding it
         self._slots: dict[str, dict[Box, list[Piece]]] = {
@@ -272,6 +331,10 @@ class Resharder:
         for key, pieces in sorted(groups.items()):
             offsets = [p.offset or (0,) * ndim for p in pieces]
             box = _bounding([(o, p.shape) for o, p in zip(offsets, pieces, strict=True)])
+            parted = _parts(pieces, ndim) if name not in self._split_dims else None
+            if parted is not None:
+                regions[key] = _Region(box, parted[0], parted[1])
+                continue
             if name in self._split_dims:
                 dim = self._split_dims[name]
                 regions[key] = _Region(box, None if dim is None else dim % ndim)
@@ -289,6 +352,9 @@ class Resharder:
         regions = self._restaged(name, self._regions(name, record))
         if self._ep_changed:
             regions = self._regrouped(name, regions)
+        if any(region.parts for region in regions.values()):
+            self.parted[name] = self._part_boxes(name, record, regions)
+            return {}
         dtype = DTYPES[record.dtype]
         boxes: dict[int, Box] = {}
         tp_size = self.layout.tp_size
@@ -297,8 +363,53 @@ class Resharder:
             for tp_rank in range(tp_size):
                 rank = self.layout.rank_of(tp_rank=tp_rank, pp_rank=pp_rank, ep_rank=ep_rank)
                 boxes[rank] = self._slice(name, dtype.bits, region, tp_rank, runs)
-        self._check_boxes(name, record, boxes)
+        self._check_boxes(name, record, boxes.values())
         return _numbered(boxes)
+
+    # --- parts (rule 12) ---------------------------------------------------------------------
+
+    def _part_boxes(self, name: str, record: TensorRecord, regions: _Regions
+                    ) -> dict[int, tuple[tuple[Box, int], ...]]:
+        """Target rank -> its slice of every part, in join order, with replica numbers; a
+        rank's adjacent slices are one piece where no slice of its group is held twice."""
+        assert record.shape is not None
+        bits = DTYPES[record.dtype].bits
+        held: dict[int, list[Box]] = {}
+        for (pp_rank, ep_rank), region in regions.items():
+            parts = region.parts or (region.box,)
+            kinds = self._part_kinds(name, record.shape, region, len(parts))
+            ranks = [self.layout.rank_of(tp_rank=t, pp_rank=pp_rank, ep_rank=ep_rank)
+                     for t in range(self.layout.tp_size)]
+            slices: list[list[Box]] = []
+            for part, kind in zip(parts, kinds, strict=True):
+                one = _Region(part, region.dim)
+                runs = self._head_runs(name, record.shape, one, kind)
+                slices.append([self._slice(name, bits, one, t, runs)
+                               for t in range(len(ranks))])
+            repeated = any(len(set(boxes)) < len(boxes) for boxes in slices)
+            for t, rank in enumerate(ranks):
+                mine = [boxes[t] for boxes in slices]
+                held[rank] = mine if repeated else _merged(mine, region.dim)
+        self._check_boxes(name, record, [box for boxes in held.values() for box in boxes])
+        seen: dict[Box, int] = {}
+        out: dict[int, tuple[tuple[Box, int], ...]] = {}
+        for rank in sorted(held):  # replicas numbered in rank order (rule 6)
+            numbered = []
+            for box in held[rank]:
+                numbered.append((box, seen.get(box, 0)))
+                seen[box] = seen.get(box, 0) + 1
+            out[rank] = tuple(numbered)
+        return out
+
+    def _part_kinds(self, name: str, shape: tuple[int, ...], region: _Region, parts: int
+                    ) -> tuple[Kind | None, ...]:
+        """What each part holds along the split dim: a fused attention tensor cut in three
+        parts holds query, then key, then value heads (rule 12); other parts: as named."""
+        dim = region.dim
+        kind = head_kind(name, dim, len(shape)) if dim is not None else None
+        if kind == "fused" and parts == 3:
+            return ("query", "kv", "kv")
+        return (kind,) * parts
 
     def _restaged(self, name: str, regions: _Regions) -> _Regions:
         """The regions keyed by the target stage (rule 5); unchanged when pp_size is."""
@@ -360,6 +471,9 @@ class Resharder:
                      ) -> dict[int, _Region]:
         """Target expert rank -> its run of a stacked tensor's experts (rule 10 (b)), split
         along the dimension other than the experts' that the source groups split."""
+        if any(r.parts for r in held.values()):
+            _refuse("reshard-unsupported", "a stacked expert tensor cut in parts cannot move to "
+                    f"ep_size {self.layout.ep_size} (SPEC 11.3 rule 12)", tensor=name)
         dims = {r.dim for r in held.values()} - {None, 0}
         if len(dims) > 1:
             _refuse("reshard-unsupported", f"its source expert ranks split it along different "
@@ -392,17 +506,27 @@ class Resharder:
                         tensor=name, hint="choose a tp_size whose slices of the base fall on "
                         "block boundaries")
             boxes[rank] = box
-        self._check_boxes(name, record, boxes)
+        self._check_boxes(name, record, boxes.values())
         return _numbered(boxes)
 
-    def _head_runs(self, name: str, shape: tuple[int, ...], region: _Region
+    def _head_runs(self, name: str, shape: tuple[int, ...], region: _Region,
+                   kind: Kind | None | str = "by name"
                    ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-        """Each tp rank's run of whole heads along the region's split dim (rule 11)."""
+        """Each tp rank's run of whole heads along the region's split dim (rule 11), from its
+        start; ``kind``: what a part holds (rule 12), else the tensor's name says."""
         dim = region.dim
-        if dim is None or region.box[1][dim] != shape[dim]:
+        if dim is None:
             return None
         try:
-            return head_slices(name, shape, dim, self.layout.tp_size, self._heads)
+            if kind == "by name":
+                if region.box[1][dim] != shape[dim]:
+                    return None
+                return head_slices(name, shape, dim, self.layout.tp_size, self._heads)
+            if kind is None or self._heads is None or self.layout.tp_size == 1:
+                return None
+            starts, sizes = head_runs(kind, region.box[1][dim], self.layout.tp_size,  # type: ignore[arg-type]
+                                      self._heads)
+            return tuple(region.box[0][dim] + start for start in starts), sizes
         except HeadsError as exc:
             assert self._heads is not None
             _refuse("reshard-unsupported", f"{exc} (num_attention_heads {self._heads.num_heads}"
@@ -416,7 +540,7 @@ class Resharder:
         dim = region.dim
         if dim is None:
             return region.box
-        if runs is not None:  # whole attention heads (offset[dim] is 0: the region is all)
+        if runs is not None:  # whole attention heads, from the start of the tensor or part
             start, length = runs[0][tp_rank], runs[1][tp_rank]
             return (tuple(start if d == dim else o for d, o in enumerate(offset)),
                     tuple(length if d == dim else s for d, s in enumerate(shape)))
@@ -430,17 +554,18 @@ class Resharder:
         new_shape = tuple(length if d == dim else s for d, s in enumerate(shape))
         return new_offset, new_shape
 
-    def _check_boxes(self, name: str, record: TensorRecord, boxes: Mapping[int, Box]) -> None:
+    def _check_boxes(self, name: str, record: TensorRecord, boxes: Iterable[Box]) -> None:
         assert record.shape is not None
         dtype = DTYPES[record.dtype]
-        for _, shape in boxes.values():
+        boxes = list(boxes)
+        for _, shape in boxes:
             if byte_size(dtype, shape) is None:
                 _refuse("reshard-unsupported", f"a target piece of shape {list(shape)} would "
                         f"not fill whole bytes of {record.dtype} (SPEC 6.5)", tensor=name)
         total = _volume(record.shape)
         if total == 0:
             return
-        distinct = sorted({b for b in boxes.values() if _volume(b[1])})
+        distinct = sorted({b for b in boxes if _volume(b[1])})
         if first_overlap(distinct) is not None or sum(_volume(s) for _, s in distinct) != total:
             _refuse("reshard-unsupported", "the source's pipeline stages or expert ranks hold "
                     "slices that do not tile the tensor, so no target layout can be derived",
@@ -467,25 +592,15 @@ class Resharder:
                     f"{size} of the requested layout)")
         manifest = self.manifest
         wanted: list[_Wanted] = []
-        for name, holders in self.targets.items():
-            if rank not in holders:
-                continue
+        for name in manifest.tensors:
+            held = self._held(name, rank)
             record = manifest.tensors[name]
-            assert isinstance(record, TensorRecord) and record.shape is not None
-            box, replica = holders[rank]
-            needs: list[tuple[Box, list[Piece]]] = []
-            if _volume(box[1]):
-                for slot, pieces in self._slots[name].items():
-                    overlap = _intersect(slot, box)
-                    if overlap is not None and _volume(overlap[1]):
-                        needs.append((overlap, pieces))
-                if sum(_volume(o[1]) for o, _ in needs) != _volume(box[1]):
-                    raise error_for(Finding(code="coverage-gap", tensor=name,
-                                            message="the source pieces do not cover a target "
-                                            "piece"))
-            wanted.append((name, record, box, replica, needs))
+            for box, replica in held:
+                assert isinstance(record, TensorRecord)
+                wanted.append((name, record, box, replica, self._needs(name, box)))
         chosen = self._choose_sources(rank, wanted)
         targets: dict[str, TargetPiece] = {}
+        parts: dict[str, list[TargetPiece]] = {}
         for name, record, box, replica, needs in wanted:
             assert record.shape is not None
             sources = []
@@ -495,12 +610,43 @@ class Resharder:
                     rank=piece.rank, file=piece.file,
                     piece_offset=piece.offset or (0,) * len(record.shape),
                     piece_shape=piece.shape, box_offset=overlap[0], box_shape=overlap[1]))
-            targets[name] = TargetPiece(dtype=record.dtype, global_shape=record.shape,
-                                       offset=box[0], shape=box[1], replica=replica,
-                                       sources=tuple(sources))
+            target = TargetPiece(dtype=record.dtype, global_shape=record.shape, offset=box[0],
+                                 shape=box[1], replica=replica, sources=tuple(sources))
+            if len(self._held(name, rank)) > 1:
+                parts.setdefault(name, []).append(target)
+            else:
+                targets[name] = target
         aliases = {name: r.alias_of for name, r in manifest.tensors.items()
-                   if isinstance(r, Alias) and r.alias_of in targets}
-        return ReshardPlan(rank, self.layout, targets, aliases)
+                   if isinstance(r, Alias) and (r.alias_of in targets or r.alias_of in parts)}
+        joined_along = {name: self._join_dim(held) for name, held in parts.items()}
+        return ReshardPlan(rank, self.layout, targets, aliases,
+                           {name: tuple(held) for name, held in parts.items()}, joined_along)
+
+    def _held(self, name: str, rank: int) -> tuple[tuple[Box, int], ...]:
+        """The (box, replica) of each piece of tensor ``name`` that ``rank`` holds."""
+        if name in self.parted:
+            return self.parted[name].get(rank, ())
+        holders = self.targets.get(name, {})
+        return (holders[rank],) if rank in holders else ()
+
+    @staticmethod
+    def _join_dim(pieces: list[TargetPiece]) -> int:
+        """The one dimension in which the pieces' offsets differ (SPEC 7.2 rule 7)."""
+        return next(d for d in range(len(pieces[0].offset))
+                    if len({p.offset[d] for p in pieces}) > 1)
+
+    def _needs(self, name: str, box: Box) -> list[tuple[Box, list[Piece]]]:
+        """The part of each source slot inside ``box``, with the pieces that hold it."""
+        needs: list[tuple[Box, list[Piece]]] = []
+        if _volume(box[1]):
+            for slot, pieces in self._slots[name].items():
+                overlap = _intersect(slot, box)
+                if overlap is not None and _volume(overlap[1]):
+                    needs.append((overlap, pieces))
+            if sum(_volume(o[1]) for o, _ in needs) != _volume(box[1]):
+                raise error_for(Finding(code="coverage-gap", tensor=name,
+                                        message="the source pieces do not cover a target piece"))
+        return needs
 
     def _choose_sources(self, rank: int, wanted: list[_Wanted]) -> dict[int, Piece]:
         """One piece per needed slot: a slot held once is read from there; a replicated slot

@@ -46,6 +46,13 @@ def rank_info(plan: ReshardPlan) -> RankInfo:
                          Shard(piece.global_shape, piece.offset, piece.replica))
         for name, piece in plan.pieces.items()
     }
+    for name, held in plan.parts.items():  # the join of one piece of each part (rule 12)
+        dim = plan.joined_along[name]
+        shape = list(held[0].shape)
+        shape[dim] = sum(p.shape[dim] for p in held)
+        tensors[name] = TensorInfo(held[0].dtype, tuple(shape), sum(p.nbytes for p in held),
+                                   tuple(Shard(p.global_shape, p.offset, p.replica, p.shape)
+                                         for p in held))
     for alias, target in plan.aliases.items():
         tensors[alias] = tensors[target]
     return RankInfo(plan.rank, tensors, dict(plan.aliases))

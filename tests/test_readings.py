@@ -1,4 +1,4 @@
-"""Each reading of the SPEC that issue 24 settled has a vector that a reader reading it the
+"""Each reading of the SPEC that issues 24 and 50 settled has a vector that a reader reading it the
 other way fails.
 
 For each, the minimal reader (conformance/examples/minimal_reader.py) is copied with its source
@@ -96,6 +96,44 @@ READINGS: dict[str, tuple[str, list[tuple[str, str]]]] = {
          "            held = mine[rank]\n"
          "            if held.get('replica', 0) != piece.get('replica', 0):\n"
          "                fail('tie-split', 'replica numbers differ')\n")]),
+    # issue 50: joins (SPEC 4.2 rule 4, 7.2 rules 3 and 7)
+    "piece-duplicate-joins-in-format-1.2": ("any 1.x manifest may join pieces (4.2 rule 4)", [
+        ("    if minor < 3:\n", "    if minor < 0:\n")]),
+    "valid-several-pieces-newer-minor": ("only a 1.3 manifest may join pieces (7.2 rule 3)", [
+        ("    if minor < 3:\n", "    if minor != 3:\n")]),
+    "valid-several-pieces-linked-file": ("a link to a listed file is that file (7.2 rule 3)", [
+        ("    held: dict[str, list[tuple[list[int], Tensor]]] = {}  # name -> (offset, piece's "
+         "array)\n",
+         "    held: dict[str, list[tuple[list[int], Tensor]]] = {}  # name -> (offset, piece's "
+         "array)\n    seen = {}\n"),
+        ("        fd, size = open_inside(root, path)  # (a)\n",
+         "        fd, size = open_inside(root, path)  # (a)\n"
+         "        same = seen.setdefault(os.fstat(fd)[1:3], path)\n"
+         "        if same != path and set(wanted.get(path, {})) & set(wanted.get(same, {})):\n"
+         "            fail('piece-duplicate', 'two pieces in one file')\n")]),
+    "valid-several-pieces-listed-out-of-order": ("pieces join in the files' part order (7.2 "
+                                                 "rule 7)", [
+        ("    pieces = sorted(pieces, key=lambda p: p[0])  # offsets differ only along d\n",
+         "    pieces = list(pieces)\n")]),
+    "piece-duplicate-empty-inside-run": ("an empty piece may lie inside another's run, as it "
+                                         "overlaps nothing (7.3 rule 2)", [
+        ("    if any(o1 == o2 or o1 + s1 > o2 for", "    if any(o1 == o2 for")]),
+    "piece-duplicate-empty-pieces-overlapping": ("runs need not follow one another (7.2 rule "
+                                                 "7)", [
+        ("    if any(o1 == o2 or o1 + s1 > o2 for", "    if any(o1 == o2 for")]),
+    "valid-several-pieces-empty-at-end": ("an empty piece joins nothing (7.2 rule 7)", [
+        ("    runs = sorted((p[\"offset\"][d], p[\"shape\"][d]) for p in pieces)\n",
+         "    if any(0 in p['shape'] for p in pieces):\n        return None\n"
+         "    runs = sorted((p[\"offset\"][d], p[\"shape\"][d]) for p in pieces)\n")]),
+    "valid-several-pieces-empty-whole-byte-runs": ("empty pieces join nothing (7.2 rule 7)", [
+        ("    runs = sorted((p[\"offset\"][d], p[\"shape\"][d]) for p in pieces)\n",
+         "    if any(0 in p['shape'] for p in pieces):\n        return None\n"
+         "    runs = sorted((p[\"offset\"][d], p[\"shape\"][d]) for p in pieces)\n")]),
+    "piece-duplicate-sub-byte-empty-half-byte-runs": ("the whole-byte rule holds only for "
+                                                      "pieces with elements (7.2 rule 7)", [
+        ("    if any(math.prod(p[\"shape\"][d:]) * DTYPE_BITS[dtype] % 8 for p in pieces):",
+         "    if any(math.prod(p['shape']) and math.prod(p[\"shape\"][d:]) * DTYPE_BITS[dtype]"
+         " % 8 for p in pieces):")]),
 }
 
 

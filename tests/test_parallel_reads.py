@@ -67,3 +67,33 @@ def test_read_threads_setting_takes_positive_integers_only(monkeypatch, setting,
         assert threads == shardspec.load.execute._read_threads()
     else:
         assert threads == expected
+
+
+@pytest.mark.parametrize("count", [2, 3, 511, 1022, 1023, 3000])
+@pytest.mark.parametrize(("length", "gap"), [(7, 0), (1024, 0), (5, 3), (64, 100)])
+def test_strided_runs_land_in_place_through_libc_and_without(tmp_path, count, length, gap):
+    """pread_runs: the i-th run of the file (every ``length + gap`` bytes) lands at byte
+    ``dst + i * dst_stride`` of the target, gaps read into the scratch buffer, in calls of at
+    most IOV_MAX vectors; the pure-Python path gives the same bytes."""
+    import numpy as np
+
+    from shardspec.load import reads
+
+    payload = np.frombuffer(os.urandom(8 + count * (length + gap)), dtype=np.uint8)
+    path = tmp_path / "data"
+    path.write_bytes(payload.tobytes())
+    dst, dst_stride = 3, length + 11
+    want = np.zeros(dst + count * dst_stride, dtype=np.uint8)
+    for i in range(count):
+        start = 8 + i * (length + gap)
+        want[dst + i * dst_stride : dst + i * dst_stride + length] = payload[start : start + length]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for read in (reads.pread_runs, reads._pread_runs_slowly):
+            got = np.zeros_like(want)
+            calls = read(fd, got, dst, dst_stride, length, count, 8, length + gap, "data",
+                         np.empty(128, dtype=np.uint8))
+            assert np.array_equal(got, want), read.__name__
+            assert calls >= -(-count * (2 if gap else 1) // reads.IOV_MAX)
+    finally:
+        os.close(fd)

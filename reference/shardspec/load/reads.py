@@ -3,13 +3,19 @@ thread or from several at once; through the page cache, or around it (direct I/O
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from typing import Any
+
+import numpy as np
 
 from ..format.errors import Finding, SafetensorsError
 
-__all__ = ["open_direct", "page_cache_share", "pread_direct", "pread_direct_span", "pread_into",
-           "pread_parallel"]
+__all__ = ["IOV_MAX", "open_direct", "page_cache_share", "pread_direct", "pread_direct_span",
+           "pread_into", "pread_parallel", "pread_runs"]
 
 
 def pread_into(fd: int, views: list[memoryview], position: int, path: str) -> int:
@@ -36,6 +42,90 @@ def pread_into(fd: int, views: list[memoryview], position: int, path: str) -> in
         if got:
             views[0] = views[0][got:]
     return calls
+
+
+#: Vectors per ``preadv`` call (Linux's IOV_MAX).
+IOV_MAX = 1024
+
+
+def pread_runs(fd: int, target: np.ndarray, dst: int, dst_stride: int, length: int, count: int,
+               position: int, src_stride: int, path: str, scratch: np.ndarray | None = None
+               ) -> int:
+    """Fill ``count`` runs of ``length`` bytes of ``target`` (uint8), the i-th at byte
+    ``dst + i * dst_stride``, from byte ``position + i * src_stride`` of ``fd``; return the
+    calls made. The bytes between two runs in the file (``src_stride - length``, fewer than
+    ``scratch`` holds) are read into ``scratch``, so that each call reads one span.
+
+    The vectors are built by numpy and handed to libc's ``preadv`` whole, up to
+    :data:`IOV_MAX` a call, with the GIL released: a row-parallel weight read from several
+    files comes in thousands of 1 KiB runs, and a Python object a run would cost more than
+    the copy (``benchmarks/README.md``). Where libc cannot be called, or a call returns short
+    (a signal; the file changed), the runs go through :func:`pread_into`.
+    """
+    gap = src_stride - length
+    libc = _libc()
+    if libc is None or count < 2 or gap < 0 or (gap and (scratch is None or scratch.size < gap)):
+        return _pread_runs_slowly(fd, target, dst, dst_stride, length, count, position,
+                                  src_stride, path, scratch)
+    base = target.ctypes.data + dst
+    starts = base + np.arange(count, dtype=np.uint64) * np.uint64(dst_stride)
+    step = 1 if not gap else 2
+    vectors = np.empty((count * step - (step - 1), 2), dtype=np.uint64)
+    vectors[::step, 0] = starts
+    vectors[::step, 1] = length
+    if gap:
+        assert scratch is not None
+        vectors[1::2, 0] = scratch.ctypes.data
+        vectors[1::2, 1] = gap
+    per_call = IOV_MAX if step == 1 else IOV_MAX - 2  # each call starts on a run
+    calls = 0
+    for first in range(0, len(vectors), per_call):
+        chunk = vectors[first : first + per_call]
+        run = first // step
+        runs = (len(chunk) + step - 1) // step
+        wanted = runs * length + (len(chunk) - runs) * gap
+        offset = position + run * src_stride
+        got = libc.preadv(fd, chunk.ctypes.data, len(chunk), offset)
+        calls += 1
+        if got != wanted:  # short or failed: these runs again, one careful call at a time
+            if got < 0 and ctypes.get_errno() not in (errno.EINTR, errno.EAGAIN):
+                code = ctypes.get_errno()
+                raise OSError(code, f"{os.strerror(code)}: {path}")
+            calls += _pread_runs_slowly(fd, target, dst + run * dst_stride, dst_stride, length,
+                                        runs, offset, src_stride, path, scratch)
+    return calls
+
+
+def _pread_runs_slowly(fd: int, target: np.ndarray, dst: int, dst_stride: int, length: int,
+                       count: int, position: int, src_stride: int, path: str,
+                       scratch: np.ndarray | None) -> int:
+    gap = src_stride - length
+    rows = list(np.lib.stride_tricks.as_strided(target[dst:], (count, length), (dst_stride, 1)))
+    if gap == 0 or (scratch is not None and 0 < gap <= scratch.size):
+        filler = memoryview(scratch)[:gap] if gap else None  # type: ignore[arg-type]
+        calls = 0
+        for first in range(0, count, IOV_MAX // 2 - 1):
+            vectors: list[Any] = []
+            for row in rows[first : first + IOV_MAX // 2 - 1]:
+                if vectors and filler is not None:
+                    vectors.append(filler)
+                vectors.append(row)
+            calls += pread_into(fd, vectors, position + first * src_stride, path)
+        return calls
+    return sum(pread_into(fd, [row], position + i * src_stride, path)
+               for i, row in enumerate(rows))
+
+
+@cache
+def _libc() -> Any:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        preadv = libc.preadv
+    except (OSError, AttributeError):
+        return None
+    preadv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong]
+    preadv.restype = ctypes.c_ssize_t
+    return libc
 
 
 _pools: dict[int, ThreadPoolExecutor] = {}

@@ -7,10 +7,11 @@ goes from the file straight into the target's storage with ``preadv``, several a
 - a contiguous run (a column-parallel weight, a whole tensor) in spans of
   :data:`SPAN_BYTES`, each one call;
 - strided runs (a row-parallel weight: a part of every row) batched up to
-  :data:`ROWS_PER_CALL` a call, the bytes between two runs read into a scratch buffer that is
-  never looked at, as long as they are shorter than a page (:data:`GAP_BYTES`): every page
-  read then holds wanted bytes, and one call beats many small ones; farther apart, a call a
-  run.
+  :data:`ROWS_PER_CALL` a job, their vectors built by numpy and handed to libc's ``preadv``
+  whole (a Python object a run cost more than the copy), the bytes between two runs read into
+  a scratch buffer that is never looked at, as long as they are shorter than a page
+  (:data:`GAP_BYTES`): every page read then holds wanted bytes, and one call beats many small
+  ones; farther apart, a call a run.
 
 Each call first faults in the target's pages it fills, in one ``madvise``: vLLM's parameters
 are untouched memory, and faults taken inside the kernel's copy cost more.
@@ -44,7 +45,7 @@ from ...format.safetensors_header import Header, read_header
 from ...load.host_memory import PAGE_BYTES, advise_huge_pages, fresh_buffer, prefault, whole_pages
 from ...load.host_reads import DIRECT_CHUNK_BYTES, DIRECT_READS_IN_FLIGHT, direct_descriptor
 from ...load.plan import FilePlan, plan_ranks
-from ...load.reads import pread_direct_span, pread_into
+from ...load.reads import pread_direct_span, pread_into, pread_runs
 from ...reshard.boxes import ReadStats
 from ...storage.paths import open_inside
 from .placements import PlacementPlan, Read
@@ -77,7 +78,8 @@ REPLAY_THREADS = 4
 #: calls cost little (256 KiB: 1.1 s).
 SPAN_BYTES = 1024 * 1024
 
-#: Runs per ``preadv`` of strided runs (two vectors a run, under Linux's IOV_MAX of 1024).
+#: Strided runs per job (each job faults in their span of the target first; a call takes up
+#: to IOV_MAX vectors, two a run where the gaps between runs are read too).
 ROWS_PER_CALL = 511
 
 #: Strided runs whose gaps are shorter than this are read in one call with their gaps: no page
@@ -234,27 +236,29 @@ def _jobs(fd: int, path: str, header: Header, read: Read, sink: _Sink, direct: i
                       path, fault=(sink.address + read.dst + a, min(SPAN_BYTES, total - a)))
                 for a in range(0, total, SPAN_BYTES)]
     gap = read.src_stride - read.length
-    # One strided array over the target's bytes; its rows are the runs (numpy makes them
-    # several times faster than slicing a memoryview).
-    rows = list(np.lib.stride_tricks.as_strided(
-        sink.array[read.dst :], (read.count, read.length), (read.dst_stride, 1)))
     jobs = []
-    scratch = memoryview(bytearray(gap)) if 0 < gap < GAP_BYTES else None
+    # the bytes between two runs, never looked at; farther apart than a page, a call a run
+    scratch = np.empty(gap, dtype=np.uint8) if 0 < gap < GAP_BYTES else None
     for first in range(0, read.count, ROWS_PER_CALL):
-        batch = rows[first : first + ROWS_PER_CALL]
-        position = base + first * read.src_stride
+        count = min(ROWS_PER_CALL, read.count - first)
         start = read.dst + first * read.dst_stride
-        fault = (sink.address + start, (len(batch) - 1) * read.dst_stride + read.length)
-        if gap >= GAP_BYTES:  # far apart: a call a run
-            jobs.append(_call(fd, batch, position, path, stride=read.src_stride, fault=fault))
-            continue
-        vectors: list[Any] = []
-        for row in batch:
-            if vectors and scratch is not None:
-                vectors.append(scratch)  # the bytes between two runs, never looked at
-            vectors.append(row)
-        jobs.append(_call(fd, vectors, position, path, fault=fault))
+        fault = (sink.address + start, (count - 1) * read.dst_stride + read.length)
+        jobs.append(_runs(fd, path, sink.array, start, read, count,
+                          base + first * read.src_stride, scratch, fault))
     return jobs
+
+
+def _runs(fd: int, path: str, target: np.ndarray, start: int, read: Read, count: int,
+          position: int, scratch: np.ndarray | None, fault: tuple[int, int]
+          ) -> Callable[[], int]:
+    """A job: ``count`` of a read's strided runs, their target pages faulted in first, every
+    run's vector built by numpy and handed to the kernel at once
+    (:func:`~shardspec.load.reads.pread_runs`)."""
+    def job() -> int:
+        prefault(*fault)
+        return pread_runs(fd, target, start, read.dst_stride, read.length, count, position,
+                          read.src_stride, path, scratch)
+    return job
 
 
 def _direct_jobs(direct: int, fd: int, path: str, position: int, count: int,
@@ -289,14 +293,10 @@ def _bounce_buffer() -> np.ndarray:
 
 
 def _call(fd: int, vectors: list[Any], position: int, path: str, *,
-          stride: int | None = None, fault: tuple[int, int]) -> Callable[[], int]:
-    """A job: fill ``vectors`` from ``position`` in one go, or each from its own position
-    ``stride`` apart; the target's pages they lie in (``fault``: address, bytes) are faulted
-    in first."""
+          fault: tuple[int, int]) -> Callable[[], int]:
+    """A job: fill ``vectors`` from ``position`` in one go; the target's pages they lie in
+    (``fault``: address, bytes) are faulted in first."""
     def job() -> int:
         prefault(*fault)
-        if stride is None:
-            return pread_into(fd, list(vectors), position, path)
-        return sum(pread_into(fd, [v], position + i * stride, path)
-                   for i, v in enumerate(vectors))
+        return pread_into(fd, list(vectors), position, path)
     return job

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from ..format.dtypes import DTYPES
 from ..format.errors import Finding, raise_first_error
-from ..format.joins import Join, join_of, several_per_rank
-from ..format.manifest import Alias, FileRecord, Manifest, TensorRecord
+from ..format.joins import Join, join_of
+from ..format.manifest import Alias, FileRecord, Manifest, Piece, TensorRecord
 from ..format.safetensors_header import Header
 
 __all__ = ["FilePlan", "RankPlan", "plan_rank", "plan_ranks"]
@@ -86,17 +86,22 @@ def plan_ranks(manifest: Manifest, ranks: Iterable[int]) -> list[RankPlan]:
     for name, record in manifest.tensors.items():
         if not isinstance(record, TensorRecord):
             continue
+        mine: dict[int, list[Piece]] = {}  # the planned ranks' pieces of it
         for piece in record.pieces:
             files = expected.get(piece.rank)
+            if files is None:
+                continue
+            mine.setdefault(piece.rank, []).append(piece)
             # A piece in a file its rank does not own is error file-rank (checks.py), and a
             # second piece of one rank in one file error piece-duplicate: not planned.
-            if files is not None and piece.file in files and name not in files[piece.file]:
+            if piece.file in files and name not in files[piece.file]:
                 files[piece.file][name] = (record.dtype, piece.shape)
                 held[piece.rank].add(name)
-        for rank, pieces in several_per_rank(record.pieces).items():
-            join = join_of(pieces, DTYPES[record.dtype].bits)  # a checked manifest's join
-            if rank in joins and isinstance(join, Join):
-                joins[rank][name] = join
+        for rank, pieces in mine.items():
+            if len(pieces) > 1:
+                join = join_of(pieces, DTYPES[record.dtype].bits)  # a checked manifest's join
+                if isinstance(join, Join):
+                    joins[rank][name] = join
     aliases = [(name, record.alias_of) for name, record in manifest.tensors.items()
                if isinstance(record, Alias)]
     return [

@@ -37,6 +37,18 @@ class Join:
         shape[dim] = sum(p.shape[dim] for p in pieces)
         self.shape = tuple(shape)
 
+    def __eq__(self, other: object) -> bool:
+        # by value, as the plans that hold joins compare (the fast plan is the validator's)
+        if not isinstance(other, Join):
+            return NotImplemented
+        return (self.dim, self.pieces) == (other.dim, other.pieces)
+
+    def __hash__(self) -> int:
+        return hash((self.dim, self.pieces))
+
+    def __repr__(self) -> str:
+        return f"Join(dim={self.dim}, pieces={self.pieces!r})"
+
 
 def join_of(pieces: Sequence[Piece], bits: int = 8) -> Join | str:
     """The join of one rank's pieces of a global tensor (two or more) of a dtype of ``bits``

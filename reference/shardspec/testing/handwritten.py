@@ -87,8 +87,8 @@ def st_bytes(header: dict[str, Any] | bytes, data: bytes, pad: bytes = b" ") -> 
 
 
 def write_f6(root: Path, data: dict[str, Any], f6: dict[str, str]) -> None:
-    """Relabel the uint8 placeholders of F6 tensors with their dtype and element shapes
-    (they are never split along their last dimension, so offsets keep a last coordinate 0)."""
+    """Relabel the uint8 placeholders of F6 tensors with their dtype and element shapes and
+    offsets (the writer counted bytes along the last dimension: 3 bytes hold 4 elements)."""
     files: set[str] = set()
     for name, record in data["tensors"].items():
         if name not in f6 or "alias_of" in record:
@@ -98,6 +98,8 @@ def write_f6(root: Path, data: dict[str, Any], f6: dict[str, str]) -> None:
             record["shape"] = list(spec_shape(f6[name], tuple(record["shape"])))
         for piece in record["pieces"]:
             piece["shape"] = list(spec_shape(f6[name], tuple(piece["shape"])))
+            if piece.get("offset"):
+                piece["offset"] = list(spec_shape(f6[name], tuple(piece["offset"])))
             files.add(piece["file"])
     for path in sorted(files):
         header, blob = read_st(root / path)

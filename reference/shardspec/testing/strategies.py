@@ -2,10 +2,13 @@
 
 :func:`checkpoint_specs` draws a whole checkpoint: a parallel layout (TP, PP, EP, any rank
 order), tensors of every dtype (F6 included), scalars, zero-size and odd shapes, unicode names,
-split, replicated, single-holder and rank-local tensors, aliases, several parts per rank, files
-in subdirectories, extra files, quantization records and logical dtypes, metadata, extensions a
-reader may ignore (and a must-understand one its user allows ignoring), and sometimes a newer
-minor version with fields today's reader must ignore. :meth:`CheckpointSpec.write` writes it with
+split, replicated, single-holder and rank-local tensors, aliases, tensors of which each holder
+holds several pieces that it joins (SPEC 7.2 rule 7: fused per-part tensors, GQA-like
+replicas, row and column joins, sub-byte dtypes, pieces filed and listed out of offset order;
+see :func:`_place_joined`), several parts per rank, files in subdirectories, extra files,
+quantization records and logical dtypes, metadata, extensions a reader may ignore (and a
+must-understand one its user allows ignoring), and sometimes a newer minor version with fields
+today's reader must ignore. :meth:`CheckpointSpec.write` writes it with
 :func:`shardspec.save` and returns what each rank must load. :func:`checkpoints` does both for a
 directory factory. Broken checkpoints derived from them are in :mod:`shardspec.testing.broken`.
 
@@ -24,7 +27,7 @@ from __future__ import annotations
 import random
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +176,8 @@ class TensorPlan:
     holders: tuple[int, ...]
     split: str = ""
     target: str | None = None
+    #: Pieces on each holder where they are joined (SPEC 7.2 rule 7); 0 for one a holder.
+    pieces: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "kind": self.kind, "dtype": self.dtype,
@@ -183,6 +188,8 @@ class TensorPlan:
             out["split"] = self.split
         if self.target is not None:
             out["alias_of"] = self.target
+        if self.pieces:
+            out["pieces_per_rank"] = self.pieces
         return out
 
 
@@ -211,6 +218,8 @@ class CheckpointSpec:
     #: A directory the data files move into ("" for none).
     subdirectory: str = ""
     extra_files: dict[str, bytes] = field(default_factory=dict)
+    #: Joined tensors whose pieces the manifest lists in the reverse of the writer's order.
+    reversed_pieces: set[str] = field(default_factory=set)
 
     @property
     def world_size(self) -> int:
@@ -229,7 +238,11 @@ class CheckpointSpec:
         return out
 
     def sections(self) -> tuple[str, ...]:
-        """The SPEC sections a load of this checkpoint exercises."""
+        """The SPEC sections a load of this checkpoint exercises, in order, but for the first:
+        the section a reader that refuses the checkpoint is said to break (the judgement
+        names ``sections[0]``). That is the first of :data:`_BLAMED` the checkpoint exercises
+        (joins first: 7.2 rules 3, 6, 7), else 5.1. A failing example shrinks to the few
+        features the reader lacks, so its refusal names the section of one of them."""
         found = {"5.1", "5.3", "6.1", "6.3", "6.4", "7.1", "7.2", "9.1", "9.2", "11.1"}
         kinds = {p.kind for p in self.plans}
         if self.world_size > 1:
@@ -242,6 +255,7 @@ class CheckpointSpec:
                  for s in ([one] if isinstance(one, Shard) else one)]
         if any(s.replica for s in given):
             found.add("7.4")
+        joins = any(p.pieces for p in self.plans)
         if "rank-local" in kinds:
             found.add("7.5")
         if "alias" in kinds:
@@ -258,7 +272,8 @@ class CheckpointSpec:
             found.add("2.1")
         if self.subdirectory:
             found.add("2.2")
-        return tuple(sorted(found, key=_section_key))
+        blamed = next((b for b in _BLAMED if b in found and (b != "7.2" or joins)), "5.1")
+        return (blamed, *sorted(found - {blamed}, key=_section_key))
 
     def describe(self) -> dict[str, Any]:
         """A JSON-ready summary of the checkpoint, for reports and kept failures."""
@@ -296,16 +311,18 @@ class CheckpointSpec:
 
     def write(self, path: Path) -> GeneratedCheckpoint:
         """Write the whole checkpoint at ``path`` (which must not exist or be empty): the
-        reference writer's output, then F6 dtypes, the subdirectory and the newer minor
-        version it cannot write itself."""
+        reference writer's output, then the order of pieces in the manifest, F6 dtypes, the
+        subdirectory and the newer minor version it cannot write itself."""
         manifest = self.save(path)
         aliases = frozenset(n for n, t in manifest.tensors.items() if isinstance(t, Alias))
         record = manifest.to_dict()
+        for name in self.reversed_pieces:
+            record["tensors"][name]["pieces"].reverse()
         if self.f6:
             write_f6(path, record, self.f6)
         if self.subdirectory:
             move_into(path, record, self.subdirectory)
-        if self.f6 or self.subdirectory:
+        if self.f6 or self.subdirectory or self.reversed_pieces:
             (path / MANIFEST_NAME).write_bytes(Manifest.from_dict(record).to_json())
         if self.newer_minor:
             newer_minor(path, record, self.newer_minor, self.unknown_fields)
@@ -332,6 +349,11 @@ class GeneratedCheckpoint:
         return self.spec.ignored
 
 
+#: The sections of the features a refusal of a valid checkpoint is blamed on, in order (see
+#: :meth:`CheckpointSpec.sections`): the tensors' layouts first, the manifest's envelope last.
+_BLAMED = ("7.2", "7.5", "7.6", "6.5", "7.4", "7.7", "8.1", "4.2", "4.4", "2.2", "2.1")
+
+
 def _section_key(section: str) -> tuple[int, ...]:
     return tuple(int(part) for part in section.split(".")) if section[0].isdigit() else (999,)
 
@@ -347,14 +369,7 @@ def _place_global(draw: st.DrawFn, spec: CheckpointSpec, name: str, seed: int) -
     # F6 is held as placeholder bytes: never split it along its last dimension.
     dims = list(range(len(tshape) - 1 if dtype in F6 else len(tshape)))
     stage = draw(st.integers(0, layout.pp_size - 1))
-    # per_part: a fused tensor shared part by part, several pieces a rank (SPEC 7.2 rule 7)
-    parted = [d for d in dims if tshape[d] >= 2 * layout.tp_size] if dtype not in (
-        "F4", *F6) and layout.tp_size > 1 else []
-    tp_mode = draw(st.sampled_from(["split", "replicate", "single"]
-                                   + (["per_part"] if parted else [])))
-    if tp_mode == "per_part":
-        plan = TensorPlan(name, "global", dtype, shape, (), "")
-        return _place_per_part(draw, spec, plan, base, draw(st.sampled_from(parted)), stage)
+    tp_mode = draw(st.sampled_from(["split", "replicate", "single"]))
     tp_dim = draw(st.sampled_from(dims)) if tp_mode == "split" and dims else None
     ep_dim = None
     if layout.ep_size > 1 and dims and draw(st.booleans()):
@@ -389,34 +404,104 @@ def _place_global(draw: st.DrawFn, spec: CheckpointSpec, name: str, seed: int) -
     return TensorPlan(name, "global", dtype, shape, tuple(held), f"stage {stage}, {how}")
 
 
-def _place_per_part(draw: st.DrawFn, spec: CheckpointSpec, plan: TensorPlan,
-                    base: torch.Tensor, dim: int, stage: int) -> TensorPlan:
-    """A fused tensor of 2 or 3 parts along ``dim``, each split over the stage's TP ranks: each
-    rank holds one run of every part, several pieces joined (SPEC 7.2 rule 7, format 1.3);
-    ranks of other expert coordinates hold replicas."""
-    layout, shape, name = spec.layout, tuple(base.shape), plan.name
-    parts = draw(st.integers(2, min(3, shape[dim] // layout.tp_size)), label=f"{name} parts")
-    runs = [box for part in _blocks(shape, [(dim, parts)])
-            for box in _blocks(part[1], [(dim, layout.tp_size)])
-            for box in [(tuple(a + b for a, b in zip(part[0], box[0], strict=True)), box[1])]]
+#: A rank's pieces of a joined tensor in its data files (the writer puts a rank's k-th Shard of
+#: a tensor in the rank's k-th run of files): in increasing offset, reversed or shuffled.
+FILE_ORDERS = ("offset", "reversed", "shuffled")
+
+
+def _torch_index(dtype: str, offset: tuple[int, ...], size: tuple[int, ...]
+                 ) -> tuple[slice, ...]:
+    """The index of a box given in elements into a tensor held in torch's units (F4 packs two
+    elements a byte, an F6 placeholder 4 in 3 bytes, along the last dimension)."""
+    last = len(offset) - 1
+    return tuple(slice(*(torch_shape(dtype, (n,))[0] if d == last else n for n in (o, o + s)))
+                 for d, (o, s) in enumerate(zip(offset, size, strict=True)))
+
+
+def _writer_units(dtype: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape or offset in elements as the writer counts it: the writer takes an F6
+    placeholder for U8 bytes (:func:`~.handwritten.write_f6` relabels it afterwards)."""
+    return torch_shape(dtype, shape) if dtype in F6 else shape
+
+
+def _place_joined(draw: st.DrawFn, spec: CheckpointSpec, name: str, seed: int) -> TensorPlan:
+    """A global tensor of which every holder holds several pieces, its value being their join
+    (SPEC 7.2 rules 3, 6, 7; format 1.3).
+
+    Along the join dimension (0, rows, as vLLM's fused ``qkv_proj`` and ``gate_up_proj``; or a
+    middle or the last one, columns) the tensor is 1 to 3 *parts* one after the other. Each
+    part is cut into ``groups`` slices (1 to tp_size) and tensor-parallel rank t holds slice
+    ``t * groups // tp_size`` of every part: ``groups = tp_size`` splits the part over the
+    ranks; fewer repeat each slice on several ranks as replicas, as the K and V of grouped-query
+    attention. A slice may be held as 2 adjacent chunks (a lone part always is), so each rank
+    holds at least 2 pieces, not adjacent between parts. Ranks of the stage at other expert
+    coordinates hold replicas too, numbered in rank order (7.4). Sub-byte dtypes are cut only
+    where every run is whole bytes (6.5). The writer puts each of a rank's pieces in a file of
+    its own in the order drawn (see :data:`FILE_ORDERS`), and the manifest may list them in
+    reverse: a reader joins by increasing offset, whatever the order of files or records.
+    """
+    layout, tp = spec.layout, spec.layout.tp_size
+    dtype = draw(dtypes(), label=f"{name} dtype")
+    ndim = draw(st.integers(1, 3), label=f"{name} dims")
+    dim = draw(st.integers(0, ndim - 1), label=f"{name} join dim")
+    # elements a byte boundary falls on along the last dimension (SPEC 6.5)
+    unit = 2 if dtype == "F4" else 4 if dtype in F6 else 1
+    parts = draw(st.integers(1, 3), label=f"{name} parts")
+    groups = [draw(st.integers(1, tp)) for _ in range(parts)]
+    chunks = [draw(st.integers(2 if parts == 1 else 1, 2)) for _ in range(parts)]
+    step = unit if dim == ndim - 1 else 1
+    runs: list[list[list[tuple[int, int]]]] = []  # part -> slice -> (start, length) of chunks
+    start = 0
+    for part in range(parts):
+        runs.append([])
+        for _ in range(groups[part]):
+            runs[-1].append([])
+            for _ in range(chunks[part]):
+                length = step * draw(st.integers(1, 2))
+                runs[-1][-1].append((start, length))
+                start += length
+    shape = tuple(start if d == dim else
+                  (unit if d == ndim - 1 else 1) * draw(st.integers(0, 3 if unit == 1 else 2))
+                  for d in range(ndim))
+    base = _make_tensor(dtype, shape, seed)
+    count = sum(chunks)  # pieces on each holder
+    order = draw(st.sampled_from(FILE_ORDERS), label=f"{name} file order")
+    arranged = (list(range(count)) if order == "offset" else list(range(count))[::-1]
+                if order == "reversed" else draw(st.permutations(range(count))))
+    if draw(st.booleans(), label=f"{name} manifest lists pieces reversed"):
+        spec.reversed_pieces.add(name)
+    stage = draw(st.integers(0, layout.pp_size - 1), label=f"{name} stage")
     held: list[int] = []
     seen: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
     for rank in range(layout.size):
         c = layout.coordinates(rank)
         if c["pp_rank"] != stage:
             continue
-        mine = runs[c["tp_rank"]::layout.tp_size]  # its run of each part, in offset order
+        mine = [run for part in range(parts)
+                for run in runs[part][c["tp_rank"] * groups[part] // tp]]
+        boxes = [(tuple(begin if d == dim else 0 for d in range(ndim)),
+                  tuple(length if d == dim else shape[d] for d in range(ndim)))
+                 for begin, length in mine]  # in increasing offset
         shards = []
-        for offset, size in mine:
-            replica = seen[(offset, size)] = seen.get((offset, size), -1) + 1
-            shards.append(Shard(shape, offset, replica, size))
+        for offset, size in boxes:
+            replica = seen[offset, size] = seen.get((offset, size), -1) + 1
+            shards.append(Shard(_writer_units(dtype, shape), _writer_units(dtype, offset),
+                                replica, _writer_units(dtype, size)))
+        # the rank's value, computed apart from any reader: its pieces in increasing offset
+        # (as bytes where torch cannot concatenate the dtype, F4 among them)
+        as_bytes = base.dtype.itemsize == 1
         spec.states[rank][name] = torch.cat(
-            [base[tuple(slice(o, o + n) for o, n in zip(offset, size, strict=True))]
-             for offset, size in mine], dim=dim)
-        spec.sharding[rank][name] = shards
+            [base[_torch_index(dtype, offset, size)].view(torch.uint8) if as_bytes else
+             base[_torch_index(dtype, offset, size)] for offset, size in boxes],
+            dim=dim).view(base.dtype)
+        spec.sharding[rank][name] = [shards[i] for i in arranged]
         held.append(rank)
-    return replace(plan, holders=tuple(held),
-                   split=f"stage {stage}, {parts} parts along dim {dim}, each split over tp")
+    if dtype in F6:
+        spec.f6[name] = dtype
+    how = (f"stage {stage}, {count} pieces a rank joined along dim {dim}: {parts} part(s) "
+           f"cut in {groups} slice(s) over tp, {chunks} chunk(s) a slice; files in {order} "
+           f"order" + (", manifest reversed" if name in spec.reversed_pieces else ""))
+    return TensorPlan(name, "global", dtype, shape, tuple(held), how, pieces=count)
 
 
 def _place_local(draw: st.DrawFn, spec: CheckpointSpec, name: str, seed: int) -> TensorPlan:
@@ -459,11 +544,12 @@ def checkpoint_specs(draw: st.DrawFn, max_world: int = 4, max_tensors: int = 6
                  label="names")
     seed = draw(st.integers(0, 2**32 - 1), label="data seed")
     for i, name in enumerate(names):
-        kind = draw(st.sampled_from(["global", "global", "rank-local", "alias"]),
-                    label=f"{name} kind")
+        kind = draw(st.sampled_from(["global", "joined", "rank-local", "joined", "global",
+                                     "alias"]), label=f"{name} kind")
         plan = _place_alias(draw, spec, name) if kind == "alias" else None
         if plan is None:
-            place = _place_local if kind == "rank-local" else _place_global
+            place = {"rank-local": _place_local, "joined": _place_joined}.get(kind,
+                                                                               _place_global)
             plan = place(draw, spec, name, seed + 1000 * i)
         spec.plans.append(plan)
     method = draw(st.sampled_from(["none", "fp8", "awq", "gptq", "compressed-tensors"])
@@ -484,7 +570,7 @@ def checkpoint_specs(draw: st.DrawFn, max_world: int = 4, max_tensors: int = 6
         name = draw(extension_names().filter(lambda n: n not in spec.extensions))
         spec.extensions[name] = {"must_understand": True, "note": "safe to ignore"}
         spec.ignored = (name,)
-    if draw(st.integers(0, 3)) == 0:
+    if draw(st.integers(0, 3)) == 3:  # one in four; a shrunk failure has none
         spec.newer_minor = draw(st.integers(SUPPORTED_MINOR + 1, 999999))
         spec.unknown_fields = [
             (where, "x_" + draw(st.from_regex(r"[a-z_]{1,10}", fullmatch=True)), value)

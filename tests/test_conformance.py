@@ -30,6 +30,7 @@ from typer.testing import CliRunner
 
 import shardspec
 from shardspec.cli import app
+from shardspec.format.manifest import format_version
 from shardspec.format.parse import parse_manifest
 from shardspec.testing import (
     CommandReader,
@@ -46,7 +47,7 @@ from shardspec.testing import (
     write_output,
 )
 from shardspec.testing.adapter import BatchReader, OutputError
-from shardspec.testing.profiles import conformance_defaults, profile_name
+from shardspec.testing.profiles import PROFILES, conformance_defaults, profile_name
 from shardspec.testing.runner import run_generated, run_vectors
 
 REPO = Path(__file__).resolve().parents[1]
@@ -293,9 +294,10 @@ def test_broken_reader_is_caught_naming_the_requirement(name: str, tmp_path: Pat
     assert broken.BREAKS in result.failed_requirements(), sorted(result.failed_requirements())
 
 
-def test_seven_broken_readers() -> None:
+def test_nine_broken_readers() -> None:
     assert BROKEN == ["accepts_invalid", "drops_tensor", "flips_byte", "ignores_must_understand",
-                      "ignores_rank", "mislabels_dtype", "reads_newer_major"]
+                      "ignores_rank", "joins_in_manifest_order", "mislabels_dtype",
+                      "reads_newer_major", "refuses_joins"]
 
 
 def test_cli_reports_a_broken_command_per_requirement(tmp_path: Path) -> None:
@@ -328,6 +330,119 @@ def test_smallest_failing_generated_checkpoint_is_kept(tmp_path: Path) -> None:
     expected = read_output(kept / "valid" / "expected" / "rank-0.safetensors")
     assert len(expected) == 1
     assert not list(tmp_path.glob(".*partial"))
+
+
+#: Generated checkpoints of a default ``shardspec conformance`` run (the ci profile's).
+DEFAULT_EXAMPLES = PROFILES["ci"][0]
+
+
+@pytest.mark.parametrize("name", ["refuses_joins", "joins_in_manifest_order"])
+def test_generated_part_alone_catches_a_reader_that_mishandles_joins(name: str, tmp_path: Path
+                                                                     ) -> None:
+    """Issue 50 item 7: a reader that refuses every rank holding several pieces of one tensor
+    passed all the generated checkpoints of runs at seeds 1 and 2. The generated part alone
+    (no vectors) of a default run now catches it at both seeds, and a reader that joins in
+    manifest order rather than by offset too."""
+    broken = module(CONFORMANCE / "broken_readers" / f"{name}.py")
+    for seed in (1, 2):
+        results, kept, run = run_generated(PythonReader(broken.read), seed=seed,
+                                           examples=DEFAULT_EXAMPLES, keep=tmp_path,
+                                           shrink=False)
+        failures = [r for r in results if not r.passed]
+        assert failures and kept == tmp_path / f"generated-seed-{seed}", (seed, run, len(results))
+        assert run <= DEFAULT_EXAMPLES
+        if name == "refuses_joins":
+            assert all("refused a valid checkpoint" in f.message and "piece-duplicate" in
+                       f.message for f in failures), [f.message for f in failures]
+        else:  # loaded, with another tensor's bytes than the join's
+            assert all(re.search(r"differs from byte \d+", f.message) for f in failures)
+
+
+def test_a_reader_refusing_joins_is_shown_a_shrunk_checkpoint_naming_7_2(tmp_path: Path
+                                                                        ) -> None:
+    """The failure the generated part keeps for a reader that refuses joins is shrunk to a
+    readable one: one rank, one tensor held as two pieces; the report blames SPEC 7.2."""
+    broken = module(CONFORMANCE / "broken_readers" / "refuses_joins.py")
+    results, kept, _ = run_generated(PythonReader(broken.read), examples=DEFAULT_EXAMPLES,
+                                     seed=2, keep=tmp_path)
+    failures = [r for r in results if not r.passed]
+    assert failures and kept == tmp_path / "generated-seed-2"
+    assert {f.requirement for f in failures} == {"7.2"}, [f.message for f in failures]
+    summary = json.loads((kept / "failure.json").read_text(encoding="utf-8"))
+    assert summary["failures"][0]["requirement"] == "7.2"
+    layout, tensors = summary["checkpoint"]["layout"], summary["checkpoint"]["tensors"]
+    assert layout["tp_size"] * layout["pp_size"] * layout["ep_size"] == 1, layout
+    assert len(tensors) == 1 and tensors[0]["pieces_per_rank"] == 2, tensors
+    assert not summary["checkpoint"]["extensions"]
+    assert not summary["checkpoint"]["unknown_fields"]
+    checkpoint = kept / "valid" / "checkpoint"
+    manifest = json.loads((checkpoint / "shardspec.json").read_text(encoding="utf-8"))
+    (record,) = manifest["tensors"].values()
+    assert [p["rank"] for p in record["pieces"]] == [0, 0]
+    assert manifest["format_version"] == format_version()  # the writer's own: 1.3 or later
+    assert shardspec.validate(checkpoint, checksums=True).ok
+    expected = read_output(kept / "valid" / "expected" / "rank-0.safetensors")
+    assert list(expected) == [tensors[0]["name"]]
+
+
+def _joins_in(manifest: dict[str, Any]) -> set[str]:
+    """The kinds of joins (SPEC 7.2 rule 7) a manifest holds."""
+    files = {f["path"]: (rank["rank"], i) for rank in manifest["ranks"]
+             for i, f in enumerate(rank["files"])}
+    found = set()
+    for record in manifest["tensors"].values():
+        by_rank: dict[int, list[dict[str, Any]]] = {}
+        for piece in record.get("pieces", []):
+            by_rank.setdefault(piece["rank"], []).append(piece)
+        for rank, listed in by_rank.items():
+            if len(listed) < 2:
+                continue
+            found.add("join")
+            dim = next(d for d in range(len(record["shape"]))
+                       if len({p["offset"][d] for p in listed}) > 1)
+            ordered = sorted(listed, key=lambda p: p["offset"][dim])
+            found.add("rows" if dim == 0 else "columns")
+            if any(a["offset"][dim] + a["shape"][dim] < b["offset"][dim]
+                   for a, b in zip(ordered, ordered[1:], strict=False)):
+                found.add("parts apart")  # a fused tensor's parts: pieces not adjacent
+            if record["dtype"] in ("F4", "F6_E2M3", "F6_E3M2"):
+                found.add("sub-byte")
+            replicas = [p.get("replica", 0) for p in listed]
+            if any(replicas):
+                found.add("replicas")
+                if not all(replicas):
+                    found.add("some pieces replicas")  # as K and V under GQA
+            if listed != ordered:
+                found.add("manifest order")
+            if sorted(listed, key=lambda p: files[p["file"]]) != ordered:
+                assert all(files[p["file"]][0] == rank for p in listed)
+                found.add("file order")
+    return found
+
+
+def test_generated_part_holds_joins_of_every_kind(tmp_path: Path) -> None:
+    """The generated checkpoints of default runs at seeds 1 and 2 hold many joins, of every
+    kind: fused parts, GQA-like replicas, column joins, sub-byte dtypes, pieces listed and
+    filed against their offsets' order. The minimal reader loads each rank as expected."""
+    reader = module(MINIMAL)
+    seen: list[set[str]] = []
+
+    def read(checkpoint: str, rank: int, output: str, ignore: Any) -> None:
+        reader.read(checkpoint, rank, output, ignore)  # refuses a broken copy
+        if rank == 0:  # each valid checkpoint once
+            seen.append(_joins_in(json.loads(
+                (Path(checkpoint) / "shardspec.json").read_text(encoding="utf-8"))))
+
+    for seed in (1, 2):
+        results, kept, run = run_generated(PythonReader(read), examples=DEFAULT_EXAMPLES,
+                                           seed=seed, keep=tmp_path)
+        assert kept is None and run == DEFAULT_EXAMPLES, [
+            r.message for r in results if not r.passed][:3]
+    assert len(seen) >= 2 * DEFAULT_EXAMPLES  # (an example Hypothesis drops is seen too)
+    assert sum("join" in kinds for kinds in seen) >= len(seen) // 3
+    assert set().union(*seen) == {"join", "rows", "columns", "parts apart", "sub-byte",
+                                  "replicas", "some pieces replicas", "manifest order",
+                                  "file order"}
 
 
 def test_generated_part_is_reproducible_from_the_seed(tmp_path: Path) -> None:

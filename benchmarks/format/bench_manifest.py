@@ -36,7 +36,7 @@ A manifest over SPEC 3.4's limit (256 MiB since format 1.1; 64 MiB in 1.0, which
 one passes) is read with the limit lifted in this process only (``lift_manifest_limit``), and
 the table says so; ``--before`` lifts the older code's limit the same way.
 
-Run: ``PYTHONPATH=reference python benchmarks/bench_manifest.py`` (about 10 minutes at the
+Run: ``PYTHONPATH=reference python benchmarks/format/bench_manifest.py`` (about 10 minutes at the
 default sizes; ``--sizes 10000,100000`` takes under one).
 """
 
@@ -58,23 +58,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import shardspec
-from shardspec.format import limits, parse, parse_fast, safetensors_header
-from shardspec.format.dtypes import DTYPES, byte_size
-from shardspec.format.manifest import (
-    FileRecord,
-    Layout,
-    Logical,
-    Manifest,
-    Piece,
-    Quantization,
-    RankRecord,
-    TensorRecord,
-    Tie,
-)
-from shardspec.write.save import data_file_name
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import shardspec  # noqa: E402
+from harness import OUT, removed_after  # noqa: E402
+from shardspec import Layout, Logical, Manifest, Quantization, Tie, data_file_name  # noqa: E402
+from shardspec.format import limits, parse, parse_fast, safetensors_header  # noqa: E402
+from shardspec.format.dtypes import DTYPES, byte_size  # noqa: E402
+from shardspec.format.manifest import FileRecord, Piece, RankRecord, TensorRecord  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 HIDDEN, MOE_INTER, VOCAB, EXPERTS = 7168, 2048, 129280, 256
 TP, EP = 8, 8
 LAYOUT = Layout(tp_size=TP, ep_size=EP)
@@ -296,8 +287,7 @@ def main() -> None:
     parser.add_argument("--before", type=Path, default=None,
                         help="an older reference/ directory to time too, in a child process")
     args = parser.parse_args()
-    parent = args.workdir or Path(os.environ.get("SHARDSPEC_BENCH_OUT", REPO / "benchmarks" /
-                                                 "out"))
+    parent = args.workdir or OUT
     parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-manifest-", dir=parent))
     import torch  # open() is in the reader, which imports torch: not part of the time
@@ -310,7 +300,7 @@ def main() -> None:
         methods.append(("validate", lambda root, data: shardspec.validate(root)))
     rows = []
     runs: dict[str, list[float]] = {}
-    try:
+    with removed_after(work):
         for target in (int(s) for s in args.sizes.split(",")):
             root = work / f"p{target}"
             start = time.perf_counter()
@@ -366,11 +356,6 @@ def main() -> None:
         print("\nevery repeat (s):")
         for key, values in runs.items():
             print(f"  {key}: {[round(v, 3) for v in values]}")
-    finally:
-        if not os.environ.get("KEEP"):
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            print("kept", work)
 
 
 if __name__ == "__main__":

@@ -9,14 +9,13 @@
    four files at once as validate reads them), all from a cold page cache
    (``posix_fadvise(DONTNEED)``), interleaved in a rotating order; median of ``--repeats``.
 
-Run: ``PYTHONPATH=reference python benchmarks/bench_validate.py``.
+Run: ``PYTHONPATH=reference python benchmarks/format/bench_validate.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -27,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-import shardspec
-from synthetic import evict
-
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import shardspec  # noqa: E402
+from harness import OUT, REFERENCE, removed_after  # noqa: E402
+from harness.synthetic import evict  # noqa: E402
 
 
 def raw_read_file(path: Path) -> int:
@@ -90,14 +89,15 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-validate-", dir=REPO / "benchmarks"))
-    try:
+    OUT.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-validate-", dir=OUT))
+    with removed_after(work):
         many = work / "many"
         write_many_pieces(many, args.pieces, args.ranks)
         manifest = shardspec.open(many).manifest
         count = sum(len(t.pieces) for t in manifest.tensors.values() if hasattr(t, "pieces"))
         api = [timed(lambda: shardspec.validate(many)) for _ in range(args.repeats)]
-        env = {**os.environ, "PYTHONPATH": str(REPO / "reference")}
+        env = {**os.environ, "PYTHONPATH": str(REFERENCE)}
         command = [sys.executable, "-c", "from shardspec.cli import main; main()",
                    "validate", str(many)]
         cli = []
@@ -152,11 +152,6 @@ def main() -> None:
               f"{raw4_s / check_s:.2f} |")
         print(f"\nruns (s): api {[round(x, 2) for x in api]}, cli {[round(x, 2) for x in cli]}, "
               + ", ".join(f"{k} {[round(x, 2) for x in v]}" for k, v in runs.items()))
-    finally:
-        if not os.environ.get("KEEP"):
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            print("kept", work)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from harness import OUT
+
 VOCAB = 32000
 LAYERS = 32
 
@@ -83,9 +85,8 @@ def bench_workdir(workdir: Path | None, *, keep: bool = False, prefix: str = "be
     made here, afterwards, unless ``keep``. A ``workdir`` that is not empty exits with status 2.
     """
     if workdir is None:
-        out = Path(os.environ.get("SHARDSPEC_BENCH_OUT", Path(__file__).resolve().parent / "out"))
-        out.mkdir(parents=True, exist_ok=True)
-        path = Path(tempfile.mkdtemp(prefix=prefix, dir=out))
+        OUT.mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=OUT))
     else:
         path = workdir
         path.mkdir(parents=True, exist_ok=True)

@@ -16,27 +16,23 @@ and it is resolved before the clock in the API cases); memory is the child's pea
 (``ru_maxrss``), imports (torch for validate) included, so the bound is checked on the
 whole process. Median of ``--repeats`` for time, largest peak for memory.
 
-Run: ``PYTHONPATH=reference python benchmarks/bench_hostile.py [--repeats 3] [--json OUT]``.
-A small DCP object in a large objects file (issue 41 item 6) is benchmarks/bench_hostile_dcp.py.
+Run: ``PYTHONPATH=reference python benchmarks/hostile/bench_hostile.py [--repeats 3]
+[--json OUT]``. A small DCP object in a large objects file (issue 41 item 6) is
+benchmarks/hostile/bench_hostile_dcp.py.
 Hostile readers against the conformance runner (``shardspec conformance``) are
-benchmarks/bench_hostile_runner.py.
+benchmarks/hostile/bench_hostile_runner.py.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
-import statistics
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from child import BOUND_BYTES as BYTES
-from child import BOUND_SECONDS as SECONDS
-from child import measure
-from shardspec.testing.adversarial import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness.hostile as hostile  # noqa: E402
+from shardspec.testing.adversarial import (  # noqa: E402
     ADVERSARIAL,
     floats_in_config,
     many_unknown_members,
@@ -68,64 +64,29 @@ def cases() -> dict[str, tuple[Callable[[], bytes], str]]:
     return out
 
 
-_CHILD = r"""
-import json, resource, sys, time, os
-op, path = sys.argv[1], sys.argv[2]
-result = 2
-if op in ("inspect", "validate-cli"):
-    from shardspec.cli import main
-    sys.argv = (["shardspec", "inspect", path, "--json"] if op == "inspect"
-                else ["shardspec", "validate", path])
-    result = os.dup(2)
-    out = os.open(os.devnull, os.O_WRONLY); os.dup2(out, 1); os.dup2(out, 2)
-    started = time.perf_counter()
+_CHILD = hostile.op_script({"inspect": ["inspect", "{path}", "--json"],
+                     "validate-cli": ["validate", "{path}"]}, """
+import shardspec
+# shardspec imports its reader (and torch) on first use: before the clock, not on it
+open_checkpoint, validate, error = shardspec.open, shardspec.validate, shardspec.ShardspecError
+started = time.perf_counter()
+if op == "open":
     try:
-        main()
-    except SystemExit as exc:
-        code = exc.code
-    else:
-        code = 0
-    answer = f"exit {code}"
+        answer = f"{open_checkpoint(path).world_size} ranks"
+    except error as exc:
+        answer = exc.code
 else:
-    import shardspec
-    # shardspec imports its reader (and torch) on first use: before the clock, not on it
-    open_checkpoint, validate, error = shardspec.open, shardspec.validate, shardspec.ShardspecError
-    started = time.perf_counter()
-    if op == "open":
-        try:
-            answer = f"{open_checkpoint(path).world_size} ranks"
-        except error as exc:
-            answer = exc.code
-    else:
-        report = validate(path)
-        codes = sorted({f.code for f in report.findings})
-        answer = f"{len(report.findings)} findings {codes[:3]}"
-elapsed = time.perf_counter() - started
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-os.write(result, ("\nRESULT " + json.dumps([elapsed, peak, answer]) + "\n").encode())
-"""
-
-
-def run(op: str, path: Path) -> tuple[float, int, str]:
-    answer: tuple[float, int, str] = measure(_CHILD, [op, str(path)])
-    return answer
+    report = validate(path)
+    codes = sorted({f.code for f in report.findings})
+    answer = f"{len(report.findings)} findings {codes[:3]}"
+""")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", help="comma-separated case names")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
-    print(f"python {platform.python_version()}, {os.cpu_count()} cpus, "
-          f"load average {os.getloadavg()[0]:.1f} at start; bound {SECONDS:g} s, "
-          f"{BYTES / 2**30:g} GiB peak RSS; median of {args.repeats}")
-    print("| manifest | MB | op | answer | s | peak RSS MiB | within bound |")
-    print("|---|---:|---|---|---:|---:|---|")
+    args, chosen = hostile.begin(__doc__, cases(), (
+        "| manifest | MB | op | answer | s | peak RSS MiB | within bound |",
+        "|---|---:|---|---|---:|---:|---|"))
     rows = []
-    chosen = cases()
-    if args.only:
-        chosen = {k: v for k, v in chosen.items() if k in args.only.split(",")}
     with tempfile.TemporaryDirectory(prefix="shardspec-hostile-") as tmp:
         for name, (build, what) in chosen.items():
             root = Path(tmp) / name
@@ -133,19 +94,13 @@ def main() -> None:
             data = build()
             (root / "shardspec.json").write_bytes(data)
             for op in ("open", "validate", "validate-cli", "inspect"):
-                runs = [run(op, root) for _ in range(args.repeats)]
-                seconds = statistics.median(r[0] for r in runs)
-                peak = max(r[1] for r in runs)
-                ok = seconds <= SECONDS and peak <= BYTES
+                fields, cells = hostile.within_bound([hostile.measure(_CHILD, [op, str(root)])
+                                                      for _ in range(args.repeats)])
                 rows.append({"manifest": name, "what": what, "bytes": len(data), "op": op,
-                             "answer": runs[0][2], "seconds": [r[0] for r in runs],
-                             "peak_rss": peak, "within_bound": ok})
-                print(f"| {name} | {len(data) / 1e6:.1f} | {op} | {runs[0][2]} | "
-                      f"{seconds:.2f} | {peak / 2**20:.0f} | {'pass' if ok else 'FAIL'} |",
+                             **fields})
+                print(f"| {name} | {len(data) / 1e6:.1f} | {op} | {fields['answer']} | {cells}",
                       flush=True)
-    print(f"load average {os.getloadavg()[0]:.1f} at the end")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+    hostile.finish(rows, args.json)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ since memory no longer grows with it. Each operation runs in a fresh child proce
 Time is the operation alone (imports before the clock); memory is the child's peak resident set
 (``ru_maxrss``), imports (torch for the loads) included. The bound: 5 s and 1 GiB each.
 
-Run: ``PYTHONPATH=reference python benchmarks/bench_hostile_dcp.py [--size-mb 512]
+Run: ``PYTHONPATH=reference python benchmarks/hostile/bench_hostile_dcp.py [--size-mb 512]
 [--repeats 3] [--json OUT]``.
 """
 
@@ -25,38 +25,18 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import platform
-import statistics
+import sys
 import tempfile
 import warnings
 from pathlib import Path
 
-from child import BOUND_BYTES as BYTES
-from child import BOUND_SECONDS as SECONDS
-from child import measure
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness.hostile as hostile  # noqa: E402
 
 OBJECTS_FILE = "dcp-objects-rank-0.bin"
 
-_CHILD = r"""
-import json, os, resource, sys, time, warnings
-warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-op, path = sys.argv[1], sys.argv[2]
-result = 2
-if op == "validate-cli":
-    from shardspec.cli import main
-    sys.argv = ["shardspec", "validate", "--checksums", path]
-    result = os.dup(2)
-    out = os.open(os.devnull, os.O_WRONLY); os.dup2(out, 1); os.dup2(out, 2)
-    started = time.perf_counter()
-    try:
-        main()
-    except SystemExit as exc:
-        code = exc.code
-    else:
-        code = 0
-    answer = f"exit {code}"
-elif op == "validate":
+_CHILD = hostile.op_script({"validate-cli": ["validate", "--checksums", "{path}"]}, """
+if op == "validate":
     import shardspec
     validate = shardspec.validate
     started = time.perf_counter()
@@ -71,10 +51,8 @@ else:
     reader = Reader(path, verify=op == "load-verify")
     dcp.load(state, storage_reader=reader)
     answer = f"{len(state['note'])} chars, {reader.object_bytes} bytes read"
-elapsed = time.perf_counter() - started
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-os.write(result, ("\nRESULT " + json.dumps([elapsed, peak, answer]) + "\n").encode())
-"""
+""", preamble=(
+    'import warnings\nwarnings.filterwarnings("ignore", message="torch.distributed is disabled")'))
 
 
 def build(root: Path, size_mb: int) -> int:
@@ -105,21 +83,14 @@ def build(root: Path, size_mb: int) -> int:
     return path.stat().st_size
 
 
-def run(op: str, path: Path) -> tuple[float, int, str]:
-    answer: tuple[float, int, str] = measure(_CHILD, [op, str(path)])
-    return answer
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size-mb", type=int, default=512, help="MiB added to the objects file")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dir", type=Path, help="where to build (default: a temporary folder)")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
-    print(f"python {platform.python_version()}, {os.cpu_count()} cpus, "
-          f"load average {os.getloadavg()[0]:.1f} at start; bound {SECONDS:g} s, "
-          f"{BYTES / 2**30:g} GiB peak RSS; median of {args.repeats}")
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--size-mb", type=int, default=512,
+                            help="MiB added to the objects file")
+        parser.add_argument("--dir", type=Path, help="where to build (default: a temporary folder)")
+
+    args = hostile.parse_args(__doc__, options, only=False)
+    hostile.start(args.repeats)
     rows = []
     with tempfile.TemporaryDirectory(prefix="shardspec-hostile-dcp-", dir=args.dir) as tmp:
         root = Path(tmp) / "ckpt"
@@ -128,17 +99,11 @@ def main() -> None:
         print("| op | answer | s | peak RSS MiB | within bound |")
         print("|---|---|---:|---:|---|")
         for op in ("load", "load-verify", "validate", "validate-cli"):
-            runs = [run(op, root) for _ in range(args.repeats)]
-            seconds = statistics.median(r[0] for r in runs)
-            peak = max(r[1] for r in runs)
-            ok = seconds <= SECONDS and peak <= BYTES
-            rows.append({"op": op, "file_bytes": size, "answer": runs[0][2],
-                         "seconds": [r[0] for r in runs], "peak_rss": peak, "within_bound": ok})
-            print(f"| {op} | {runs[0][2]} | {seconds:.2f} | {peak / 2**20:.0f} | "
-                  f"{'pass' if ok else 'FAIL'} |", flush=True)
-    print(f"load average {os.getloadavg()[0]:.1f} at the end")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+            fields, cells = hostile.within_bound([hostile.measure(_CHILD, [op, str(root)])
+                                              for _ in range(args.repeats)])
+            rows.append({"op": op, "file_bytes": size, **fields})
+            print(f"| {op} | {fields['answer']} | {cells}", flush=True)
+    hostile.finish(rows, args.json)
 
 
 if __name__ == "__main__":

@@ -21,17 +21,14 @@ peak resident set (``ru_maxrss``, imports included). Median of ``--repeats`` for
 peak for memory. The answer column is the exit status: 2 is the clean refusal expected of
 every deep input.
 
-Run: ``PYTHONPATH=reference python benchmarks/bench_hostile_inputs.py [--repeats 3]``.
+Run: ``PYTHONPATH=reference python benchmarks/hostile/bench_hostile_inputs.py [--repeats 3]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import shutil
-import statistics
 import sys
 import tempfile
 from collections.abc import Callable
@@ -39,10 +36,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from child import BOUND_BYTES as BYTES  # noqa: E402
-from child import BOUND_SECONDS as SECONDS  # noqa: E402
-from child import cli_script, measure  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness.hostile as hostile  # noqa: E402
+from harness import use_test_helpers  # noqa: E402
+
+use_test_helpers()
 from hf_helpers import llama_tensors, write_hf_dir  # noqa: E402
 
 SIZE = 10_000_000  # bytes of each hostile input
@@ -154,26 +152,11 @@ def cases() -> dict[str, tuple[Case, str]]:
     }
 
 
-def run(args: list[str]) -> tuple[float, int, str]:
-    answer: tuple[float, int, str] = measure(cli_script(), [json.dumps(args)], timeout=600)
-    return answer
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", help="comma-separated case names")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
-    print(f"python {platform.python_version()}, {os.cpu_count()} cpus, load average "
-          f"{os.getloadavg()[0]:.1f} at start; bound {SECONDS:g} s, {BYTES / 2**30:g} GiB peak "
-          f"RSS; median of {args.repeats}")
-    print("| input | what | answer | s | peak RSS MiB | within bound |")
-    print("|---|---|---|---:|---:|---|")
+    args, chosen = hostile.begin(__doc__, cases(), (
+        "| input | what | answer | s | peak RSS MiB | within bound |",
+        "|---|---|---|---:|---:|---|"))
     rows = []
-    chosen = cases()
-    if args.only:
-        chosen = {k: v for k, v in chosen.items() if k in args.only.split(",")}
     tensors = llama_tensors(layers=2, hidden=64, heads=4, kv_heads=2, dtype=torch.bfloat16)
     for name, (make, what) in chosen.items():
         runs = []
@@ -182,21 +165,16 @@ def main() -> None:
                 hf = write_hf_dir(Path(tmp) / "hf", tensors, shards=2)
                 saved = os.environ.get("SHARDSPEC_STORAGE_OPTIONS")
                 try:
-                    runs.append(run(make(hf, Path(tmp))))
+                    runs.append(hostile.measure(hostile.cli_script(),
+                                                [json.dumps(make(hf, Path(tmp)))], timeout=600))
                 finally:
                     os.environ.pop("SHARDSPEC_STORAGE_OPTIONS", None)
                     if saved is not None:
                         os.environ["SHARDSPEC_STORAGE_OPTIONS"] = saved
-        seconds = statistics.median(r[0] for r in runs)
-        peak = max(r[1] for r in runs)
-        ok = seconds <= SECONDS and peak <= BYTES
-        rows.append({"input": name, "what": what, "answer": runs[0][2],
-                     "seconds": [r[0] for r in runs], "peak_rss": peak, "within_bound": ok})
-        print(f"| {name} | {what} | {runs[0][2]} | {seconds:.2f} | {peak / 2**20:.0f} | "
-              f"{'pass' if ok else 'FAIL'} |", flush=True)
-    print(f"load average {os.getloadavg()[0]:.1f} at the end")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        fields, cells = hostile.within_bound(runs)
+        rows.append({"input": name, "what": what, **fields})
+        print(f"| {name} | {what} | {fields['answer']} | {cells}", flush=True)
+    hostile.finish(rows, args.json)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ fresh child process against a reader that:
 
 Time is the command alone (after imports); memory is the child's peak resident set
 (``ru_maxrss``), imports (torch) included. Processes the readers leave behind are killed by
-pid at the end. Run: ``PYTHONPATH=reference python benchmarks/bench_hostile_runner.py
+pid at the end. Run: ``PYTHONPATH=reference python benchmarks/hostile/bench_hostile_runner.py
 [--timeout 5] [--only NAMES] [--json OUT]``.
 """
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import signal
 import subprocess
@@ -38,9 +37,11 @@ import tempfile
 from contextlib import suppress
 from pathlib import Path
 
-from child import BOUND_BYTES, BOUND_SECONDS, cli_script, measure  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import REFERENCE, REPO  # noqa: E402
+from harness.hostile import BOUND_BYTES, BOUND_SECONDS, cli_script, finish, measure  # noqa: E402
+from harness.hostile import start as start_run  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 MARGIN = BOUND_SECONDS  # past the suite's own --timeout
 BYTES = BOUND_BYTES
 HUGE = 3 * 1024**3
@@ -101,7 +102,7 @@ def intact(vectors: Path) -> bool:
     checked = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; "
                               "from shardspec.testing.vectors import check_vectors; "
                               "check_vectors(Path(sys.argv[1]))", str(vectors)],
-                             env={**os.environ, "PYTHONPATH": str(REPO / "reference")},
+                             env={**os.environ, "PYTHONPATH": str(REFERENCE)},
                              capture_output=True, text=True)
     return checked.returncode == 0
 
@@ -114,17 +115,13 @@ def main() -> None:
     args = parser.parse_args()
     vectors = REPO / "conformance" / "vectors"
     bound = args.timeout + MARGIN
-    print(f"python {platform.python_version()}, {os.cpu_count()} cpus, load average "
-          f"{os.getloadavg()[0]:.1f} at start; --timeout {args.timeout:g}; bound {bound:g} s, "
-          f"{BYTES / 2**30:g} GiB peak RSS")
-    print("| reader | form | exit | s | peak RSS MiB | within bound |")
-    print("|---|---|---:|---:|---:|---|")
     rows = []
     with tempfile.TemporaryDirectory(prefix="shardspec-hostile-runner-") as tmp:
         pids = Path(tmp) / "pids"
-        chosen = cases(Path(tmp), pids)
-        if args.only:
-            chosen = {k: v for k, v in chosen.items() if k in args.only.split(",")}
+        chosen = start_run(1, cases(Path(tmp), pids), args.only, bound=(
+            f"--timeout {args.timeout:g}; bound {bound:g} s, {BYTES / 2**30:g} GiB peak RSS"),
+            table=("| reader | form | exit | s | peak RSS MiB | within bound |",
+                   "|---|---|---:|---:|---:|---|"))
         try:
             for name, (command, batch) in chosen.items():
                 options = ["--reader", command, "--select", "valid-tp1-minimal", "--examples",
@@ -143,9 +140,7 @@ def main() -> None:
             for line in (pids.read_text().split() if pids.exists() else []):
                 with suppress(ProcessLookupError):
                     os.kill(int(line), signal.SIGKILL)
-    print(f"load average {os.getloadavg()[0]:.1f} at the end")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+    finish(rows, args.json)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ a new buffer per file). Cold: every file evicted before every load; warm: every 
 before the warm loads. Rank TP-1 of the same synthetic checkpoints as ``bench_load.py``; the
 contenders are rotated in each repeat; medians with [fastest-slowest].
 
-    PYTHONPATH=reference python benchmarks/bench_first_load.py [--size-gib 1] [--tp 1,2,4,8]
+    PYTHONPATH=reference python benchmarks/load/bench_first_load.py [--size-gib 1] [--tp 1,2,4,8]
         [--repeats 5] [--cache cold,warm] [--json OUT]
 
 Bytes are not compared here (``bench_load.py`` does, in every run); this one exits non-zero only
@@ -41,11 +41,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import shardspec
-from bench_load import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import shardspec  # noqa: E402
+from harness.load import (  # noqa: E402
     AVAILABLE_PEERS,
     MISSING_PEERS,
     PEERS,
+    in_workdir,
     load_shardspec,
     load_shardspec_cached,
     load_shardspec_thp,
@@ -53,9 +55,9 @@ from bench_load import (
     read_fresh,
     touch,
     verdict,
-    write_checkpoints,
+    written_model,
 )
-from synthetic import bench_workdir, evict, make_weights, model_spec
+from harness.synthetic import evict  # noqa: E402
 
 GiB = 1 << 30
 
@@ -146,20 +148,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    with bench_workdir(args.workdir, prefix="bench-first-") as workdir:
-        return run(args, workdir)
+    return in_workdir(run, parse_args(argv), "bench-first-")
 
 
 def run(args: argparse.Namespace, workdir: Path) -> int:
     # As an installed package has them (pip compiles on install): run from a source tree with
     # PYTHONDONTWRITEBYTECODE, every fresh process would compile shardspec's modules again.
     compileall.compile_dir(Path(shardspec.__file__).parent, quiet=1)
-    spec, _ = model_spec(int(args.size_gib * GiB))
-    weights = make_weights(spec)
-    write_checkpoints(weights, {name: dim for name, _, dim in spec}, workdir, args.tps)
-    del weights
-    gc.collect()
+    written_model(args, workdir)
     all_files = sorted(p for p in workdir.rglob("*.safetensors"))
     for name, why in MISSING_PEERS.items():
         print(f"left out {name}: {why}")

@@ -18,7 +18,7 @@ fresh-memory copies of a GiB between them; a difference of a few milliseconds dr
 benchmark repeats only these, side by side, for the goal "within 1.1x of safetensors' touched
 mmap, warm". A benchmark, not a test: it exits non-zero only when the tensors differ.
 
-    PYTHONPATH=reference python benchmarks/bench_mmap.py [--size-gib 1] [--tp 1,2,4,8]
+    PYTHONPATH=reference python benchmarks/load/bench_mmap.py [--size-gib 1] [--tp 1,2,4,8]
         [--repeats 15] [--workdir DIR] [--json OUT]
 """
 
@@ -36,11 +36,19 @@ from typing import Any
 
 import torch
 
-import shardspec
-from bench_load import check_equal, load_st, machine_info, touch, write_checkpoints
-from synthetic import bench_workdir, make_weights, model_spec
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import shardspec  # noqa: E402
+from harness.load import (  # noqa: E402
+    check_equal,
+    in_workdir,
+    load_st,
+    machine_info,
+    model_options,
+    parse_tps,
+    touch,
+    written_model,
+)
 
-GiB = 1 << 30
 CONTENDERS = ("shardspec-mmap", "st-mmap")
 #: The goal: st-mmap / shardspec-mmap at least this (shardspec within 1.1x).
 GOAL = 1 / 1.1
@@ -85,36 +93,23 @@ def measure(ckpt: Path, rank: int, repeats: int) -> dict[str, list[float]]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-gib", type=float, default=1.0,
-                    help="checkpoint size (at least this much bf16 data; default 1.0)")
-    ap.add_argument("--tp", default="1,2,4,8", help="TP sizes, comma-separated (default 1,2,4,8)")
-    ap.add_argument("--repeats", type=int, default=15,
-                    help="timed loads per contender and TP; medians are reported (default 15)")
+    model_options(ap, 15, "timed loads per contender and TP; medians are reported "
+                  "(default 15)")
     ap.add_argument("--workdir", type=Path, default=None,
                     help="an empty directory for the checkpoints (default: a temp dir under "
                     "benchmarks/out, removed afterwards)")
     ap.add_argument("--json", type=Path, default=None, help="write all results to this file")
     args = ap.parse_args(argv)
-    args.tps = [int(t) for t in args.tp.split(",") if t.strip()]
-    if not args.tps or min(args.tps) < 1:
-        ap.error("--tp needs positive integers")
-    if args.repeats < 1:
-        ap.error("--repeats must be at least 1")
+    parse_tps(ap, args)
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    with bench_workdir(args.workdir, prefix="bench-mmap-") as workdir:
-        return run(args, workdir)
+    return in_workdir(run, parse_args(argv), "bench-mmap-")
 
 
 def run(args: argparse.Namespace, workdir: Path) -> int:
-    spec, _ = model_spec(int(args.size_gib * GiB))
-    weights = make_weights(spec)
-    write_checkpoints(weights, {name: dim for name, _, dim in spec}, workdir, args.tps)
-    del weights
-    gc.collect()
+    tensors = written_model(args, workdir)
     info = machine_info(workdir, torch.device("cpu"))
     rows: list[dict[str, Any]] = []
     failed = False
@@ -132,7 +127,7 @@ def run(args: argparse.Namespace, workdir: Path) -> int:
 
     print(f"\n{info['cpu']}, {info['cores']} cores; {info['filesystem']}; torch {info['torch']}, "
           f"safetensors {info['safetensors']}; commit {info['commit']}; {info['date']}")
-    print(f"{len(spec)} bf16 tensors; rank TP-1; page cache warm; every result touched; "
+    print(f"{tensors} bf16 tensors; rank TP-1; page cache warm; every result touched; "
           f"median of {args.repeats}, alternating which contender goes first\n")
     print("| TP | shardspec-mmap ms | of which open ms | load_rank(mmap) opened ms | st-mmap ms "
           f"| st-mmap / shardspec-mmap (goal >= {GOAL:.2f}) |")

@@ -16,7 +16,7 @@ warm loads. The bytes each load reads are counted (for the resharded load, by th
 Goals (the issue): bytes read <= 1.1 x the target piece's bytes; time <= 1.3 x native.
 This is a benchmark, not a test: it exits non-zero only when the loaded tensors differ.
 
-    PYTHONPATH=reference python benchmarks/bench_reshard.py [--size-mib 512] [--repeats 5]
+    PYTHONPATH=reference python benchmarks/load/bench_reshard.py [--size-mib 512] [--repeats 5]
         [--device cpu|cuda] [--warm] [--json OUT] [--keep]
 """
 
@@ -36,12 +36,13 @@ from pathlib import Path
 
 import torch
 
-import shardspec
-from shardspec import Layout
-from shardspec.reshard.load import ReadStats, load_resharded
-from synthetic import LAYERS, VOCAB, Spec, evict, make_weights, model_spec
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import shardspec  # noqa: E402
+from harness import OUT  # noqa: E402
+from harness.synthetic import LAYERS, VOCAB, Spec, evict, make_weights, model_spec  # noqa: E402
+from shardspec import Layout  # noqa: E402
+from shardspec.reshard.load import ReadStats, load_resharded  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 MiB = 1 << 20
 SOURCE_TP, TARGET_TP, RANK = 8, 2, 0
 
@@ -95,9 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.empty(1, device=device)
         torch.cuda.synchronize(device)
 
-    out = HERE / "out"
-    out.mkdir(exist_ok=True)
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="reshard-", dir=out))
+    OUT.mkdir(parents=True, exist_ok=True)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="reshard-", dir=OUT))
     spec, _ = model_spec(args.size_mib * MiB)
     hidden = spec[0][1][1]
     total = sum(2 * torch.Size(shape).numel() for _, shape, _ in spec)

@@ -12,7 +12,7 @@ A setting ending in ``-cached`` reads through the page cache where the file is c
 with readahead. ``--peers`` adds the loaders of ``peers.py`` that load onto the device, and
 safetensors' own ``load_file(device=...)`` (``st-cuda``), to the same rotation.
 
-    PYTHONPATH=reference python benchmarks/bench_staging.py [--settings 1x2x64,default-cached]
+    PYTHONPATH=reference python benchmarks/load/bench_staging.py [--settings 1x2x64,default-cached]
         [--peers] [--tp 1,8] [--repeats 3] [--cache warm,cold] [--size-gib 1] [--workdir DIR]
 """
 
@@ -30,15 +30,14 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-import shardspec
-import shardspec.load.execute as execute
-import shardspec.load.host_reads as host_reads
-from bench_load import PageCache, write_checkpoints
-from peers import GPU_PEERS, PEERS, missing_peers
-from synthetic import bench_workdir, make_weights, model_spec
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import shardspec  # noqa: E402
+import shardspec.load.execute as execute  # noqa: E402
+import shardspec.load.host_reads as host_reads  # noqa: E402
+from harness.load import GB, MiB, PageCache, write_checkpoints  # noqa: E402
+from harness.peers import GPU_PEERS, PEERS, missing_peers  # noqa: E402
+from harness.synthetic import bench_workdir, make_weights, model_spec  # noqa: E402
 
-MiB = 1 << 20
-GB = 1e9
 DEFAULT = "default"
 CACHED = "-cached"
 

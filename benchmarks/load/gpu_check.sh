@@ -6,7 +6,7 @@
 # shardspec's dependencies importable (PYTHONPATH may point at unpacked wheels); the peers
 # (runai-model-streamer, fastsafetensors, instanttensor) are measured where they import.
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT"
 export PYTHONPATH="reference:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
@@ -38,13 +38,13 @@ timeout 100 "$PY" -m pytest -q -p no:cacheprovider -W default tests/test_cuda.py
 #    "-cached" the same reading cold files through the page cache; with the GPU peers and
 #    st-cuda in the same rotation (and no other loader between them).
 step staging settings
-timeout 150 "$PY" benchmarks/bench_staging.py --settings 1x2x64,4x8x16,default,default-cached \
+timeout 150 "$PY" benchmarks/load/bench_staging.py --settings 1x2x64,4x8x16,default,default-cached \
     --peers --tp 1,8 --repeats 3 --cache warm,cold --workdir "$WORK/staging" 2>&1 \
     | tee "$OUT/staging.txt" || status=1
 
 # 3. The load benchmark on the GPU: warm and cold, TP=1 and TP=8, with the peers.
 step bench cuda
-timeout 160 "$PY" benchmarks/bench_load.py --device cuda --tp 1,8 --repeats 3 --cache warm,cold \
+timeout 160 "$PY" benchmarks/load/bench_load.py --device cuda --tp 1,8 --repeats 3 --cache warm,cold \
     --procs 0 --workdir "$WORK/cuda" --json "$OUT/bench-cuda.json" 2>&1 \
     | tee "$OUT/bench-cuda.txt" || status=1
 
@@ -52,7 +52,7 @@ timeout 160 "$PY" benchmarks/bench_load.py --device cuda --tp 1,8 --repeats 3 --
 #    processes' plain reads (the node-wide goal), after one rank in process. Without the
 #    whole-checkpoint baseline there: 8 processes reading 1.1 GiB each took 13 s a run.
 step bench cpu
-timeout 120 "$PY" benchmarks/bench_load.py --device cpu --tp 8 --repeats 3 --cache warm,cold \
+timeout 120 "$PY" benchmarks/load/bench_load.py --device cpu --tp 8 --repeats 3 --cache warm,cold \
     --procs 8 --proc-methods shardspec,shardspec-cached,st-pread,runai,fastsafe --workdir "$WORK/cpu" --json "$OUT/bench-cpu.json" 2>&1 \
     | tee "$OUT/bench-cpu.txt" || status=1
 step done "status $status"

@@ -45,7 +45,7 @@ the guesses (30 ms, 90 MB/s).
 
 This is a benchmark, not a test: it exits non-zero only when loaded tensors are wrong.
 
-    PYTHONPATH=reference python benchmarks/bench_remote.py [--size-mib 512] [--tp 4]
+    PYTHONPATH=reference python benchmarks/storage/bench_remote.py [--size-mib 512] [--tp 4]
         [--repeats 5] [--json OUT]
 """
 
@@ -71,8 +71,11 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+from harness import use_test_helpers  # noqa: E402
+from harness.synthetic import make_weights, model_spec  # noqa: E402
+
+use_test_helpers()
 import shardspec  # noqa: E402
 from s3_server import AWS_ENVIRONMENT, AWS_UNSET, S3Server  # noqa: E402
 from shardspec import Layout  # noqa: E402
@@ -80,7 +83,6 @@ from shardspec.format.limits import MANIFEST_NAME  # noqa: E402
 from shardspec.reshard import load as reshard_load  # noqa: E402
 from shardspec.storage import remote_link  # noqa: E402
 from shardspec.storage.remote import RemoteRoot  # noqa: E402
-from synthetic import make_weights, model_spec  # noqa: E402
 
 BUCKET = "bench"
 

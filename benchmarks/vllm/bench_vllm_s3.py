@@ -37,14 +37,12 @@ moto's stored bytes, reading only the range asked and streaming it as it is read
 costs on S3 and a client that stops reading stops the sending. The server shares the
 machine's cores with the engine: read the ratios, not the rates.
 
-    PYTHONPATH=reference python benchmarks/bench_vllm_s3.py [--tp 1,2] [--layers 16]
+    PYTHONPATH=reference python benchmarks/vllm/bench_vllm_s3.py [--tp 1,2] [--layers 16]
         [--hidden 2048] [--repeats 3] [--contenders a,b] [--json OUT] [--vllm-python PATH]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import os
 import re
@@ -58,9 +56,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
-from bench_vllm import _TIMED, DEFAULT_PYTHON, RUNNER, write_model  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the harness
+import harness.vllm as serve  # noqa: E402
+from harness import use_test_helpers  # noqa: E402
+
+use_test_helpers()
 from s3_server import (  # noqa: E402
     AWS_ENVIRONMENT,
     AWS_UNSET,
@@ -200,11 +200,6 @@ def start_server() -> tuple[S3Server, RangedGets, dict[str, Any]]:
     return server, ranged, server.storage_options()
 
 
-def has_module(python: Path, module: str) -> bool:
-    probe = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True)
-    return probe.returncode == 0
-
-
 @dataclass(frozen=True)
 class Run:
     weights: float  # the slowest worker's load_weights, s
@@ -214,25 +209,12 @@ class Run:
     worker_bytes: tuple[int, ...]  # what shardspec's workers say they read
 
 
-def run_engine(python: Path, model: str, load_format: str, tp: int,
-               extra: dict[str, Any], ranged: RangedGets, prefix: str) -> Run:
-    request = {"model": model, "load_format": load_format, "tp": tp,
-               "prompts": [[1, 5, 7, 9, 11, 13]], "max_tokens": 1, "time_load": True,
-               "extra": extra}
+def run(python: Path, model: str, load_format: str, tp: int, extra: dict[str, Any],
+        ranged: RangedGets, prefix: str) -> Run:
     ranged.clear()
-    proc = subprocess.run([str(python), str(RUNNER), json.dumps(request)], capture_output=True,
-                          text=True, timeout=1800,
-                          env={**os.environ, "PYTHONPATH": "", "TOKENIZERS_PARALLELISM": "false"})
-    log = proc.stdout + proc.stderr
-    results = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    timed = [json.loads(m) for m in _TIMED.findall(log)]
-    if proc.returncode or not results or len(timed) != tp:
-        errors = [line for line in log.splitlines()
-                  if re.search(r"\b\w*(Error|Exception)\b: ", line)
-                  and "Tokenizer not available" not in line]
-        raise RuntimeError(errors[-1].split("] ")[-1] if errors else "no RESULT line")
+    log, started, timed = serve.run_engine(python, {"model": model, "load_format": load_format,
+                                              "tp": tp, "extra": extra}, first_error=False)
     sent, gets = ranged.bytes_under(prefix)
-    started = json.loads(results[-1][len("RESULT "):])["seconds"]
     return Run(max(t["seconds"] for t in timed), started, sent, gets,
                tuple(int(n) for n in _WORKER_BYTES.findall(log)))
 
@@ -249,27 +231,16 @@ def upload_directory(server: S3Server, local: Path, prefix: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--tp", default="1,2")
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--contenders", default=",".join(CONTENDERS))
-    ap.add_argument("--json", type=Path)
-    ap.add_argument("--vllm-python", type=Path,
-                    default=Path(os.environ.get("SHARDSPEC_VLLM_PYTHON", DEFAULT_PYTHON)))
-    ap.add_argument("--workdir", type=Path)
-    args = ap.parse_args()
+    args = serve.parse_args(__doc__, CONTENDERS)
 
     import shardspec
-    from shardspec.convert import convert
     from shardspec.storage.fetch_config import fetch_config
 
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-vllm-s3-"))
     tps = [int(t) for t in args.tp.split(",")]
     hf = work / "hf"
     if not hf.exists():
-        write_model(hf, args.layers, args.hidden)
+        serve.write_model(hf, args.layers, args.hidden)
     size = sum(f.stat().st_size for f in hf.glob("*.safetensors"))
     server, ranged, options = start_server()
     try:
@@ -280,12 +251,9 @@ def main() -> None:
             for kind, names in (("shardspec", "hf"), ("vllm", "vllm")):
                 prefix = f"{kind}-tp{tp}"
                 url = f"s3://{BUCKET}/{prefix}"
-                converted = work / prefix
-                if not (converted / "shardspec.json").exists():
-                    # vLLM's sharded loaders read a name once a rank: fused tensors rank-local
-                    convert(hf, converted, tp_size=tp, names=names, overwrite=True,
-                            sharded_state=names == "vllm")
-                upload_directory(server, converted, prefix)
+                # vLLM's sharded loaders read a name once a rank: fused tensors rank-local
+                upload_directory(server, serve.converted(hf, work / prefix, tp_size=tp, names=names,
+                                                   sharded_state=names == "vllm"), prefix)
                 manifest = shardspec.open(url, storage_options=options).manifest
                 data = sum(f.size for r in manifest.ranks for f in r.files)
                 local = work / f"local-{prefix}"
@@ -301,17 +269,12 @@ def main() -> None:
             cells["runai_streamer", tp] = (f"s3://{BUCKET}/hf", {}, "hf/", size)
         print(f"uploaded: Hugging Face files {size} bytes, and each TP's checkpoints",
               flush=True)
-        contenders, notes = [], []
-        for name in args.contenders.split(","):
-            module = CONTENDERS[name][2]
-            if module and not has_module(args.vllm_python, module):
-                notes.append(f"{name}: skipped, `{module}` is not installed in the vLLM venv")
-            else:
-                contenders.append(name)
+        contenders, notes = serve.installed(args.vllm_python, args.contenders,
+                                      {name: c[2] for name, c in CONTENDERS.items()})
         results: dict[tuple[str, int], list[Run]] = {}
         failed: dict[str, str] = {}
         for repeat in range(args.repeats):
-            order = contenders[repeat % len(contenders):] + contenders[:repeat % len(contenders)]
+            order = serve.rotated(contenders, repeat)
             for tp in tps:
                 for name in order:
                     cell = f"{name}@tp{tp}"
@@ -319,8 +282,8 @@ def main() -> None:
                         continue
                     model, extra, prefix, _ = cells[name, tp]
                     try:
-                        got = run_engine(args.vllm_python, model, CONTENDERS[name][1], tp,
-                                         extra, ranged, prefix)
+                        got = run(args.vllm_python, model, CONTENDERS[name][1], tp, extra,
+                                  ranged, prefix)
                     except (RuntimeError, subprocess.TimeoutExpired) as error:
                         failed[cell] = str(error)
                         print(f"{cell} failed: {error}", flush=True)
@@ -355,17 +318,10 @@ def main() -> None:
                   f"{statistics.median(r.start for r in runs):.1f} | {sent / 2**20:.1f} | "
                   f"{sent / tp / 2**20:.1f} | {sent / data:.3f}x | "
                   f"{statistics.median(r.gets for r in runs):.0f} |")
-    for cell, error in failed.items():
-        notes.append(f"{cell}: failed: {error}")
-    for note in notes:
-        print(f"- {note}")
-    if args.json:
-        args.json.write_text(json.dumps({
-            "args": {k: str(v) for k, v in vars(args).items()}, "hf_bytes": size,
-            "results": {f"{n}@tp{t}": [vars(r) for r in runs]
-                        for (n, t), runs in results.items()},
-            "data_bytes": {f"{n}@tp{t}": c[3] for (n, t), c in cells.items()},
-            "notes": notes}, indent=2))
+    serve.finish(args, notes, failed, "failed", hf_bytes=size,
+                 results={f"{n}@tp{t}": [vars(r) for r in runs]
+                          for (n, t), runs in results.items()},
+                 data_bytes={f"{n}@tp{t}": c[3] for (n, t), c in cells.items()})
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ faster in one session (14 ms against 62 ms, page cache warm) -- and 4x to 5x *sl
 another (a TP=8 rank 330 ms against 84 ms; TP=1 cold 4.9 s against 0.84 s), where the VM's
 freed memory had been handed back to its host and every fresh 2 MiB block had to be faulted
 in from there. So huge pages are opt-in (:data:`USE_HUGE_PAGES`): measure on the machine
-that serves (``benchmarks/bench_load.py`` reports both).
+that serves (``benchmarks/load/bench_load.py`` reports both).
 
 Tensors made here keep their memory alive (``torch.frombuffer`` holds a reference to the
 mapping); it is returned when the last view is gone. They are not resizable.

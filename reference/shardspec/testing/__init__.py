@@ -16,7 +16,7 @@
 - :mod:`~shardspec.testing.profiles`: Hypothesis profiles ``ci`` and ``thorough``, picked by
   ``SHARDSPEC_HYPOTHESIS_PROFILE``.
 - :mod:`~shardspec.testing.adversarial`: large manifests built to cost a reader time or
-  memory (tests and ``benchmarks/bench_hostile.py``).
+  memory (tests and ``benchmarks/hostile/bench_hostile.py``).
 
 Needs Hypothesis (``pip install 'shardspec[conformance]'``).
 """

@@ -1,8 +1,8 @@
 """Large manifests built to cost a reader time or memory (issue 20), as bytes.
 
 Each is what an attacker (or a careless writer) can put in a manifest of about 10 MB: the
-tests check that they get the right answer, and ``benchmarks/bench_hostile.py`` that it comes
-within the stated bounds. No data file is written: open, validate and inspect read the
+tests check that they get the right answer, and ``benchmarks/hostile/bench_hostile.py`` that it
+comes within the stated bounds. No data file is written: open, validate and inspect read the
 manifest first, and these are about the manifest alone.
 """
 

@@ -158,6 +158,9 @@ def test_tp1_from_a_tp1_checkpoint_with_the_endpoint_from_the_environment(
     for name, size in ckpt.sizes.items():  # every data byte once
         assert server.bytes_requested(prefix + name) == size, name
     assert not server.requests("HEAD") and not server.requests("PUT")
+    # Issue 51: replayed into the parameters by a placement plan, as from a directory, not
+    # handed to the model's load_weights
+    assert re.search(r"placement plan .*, 0 tensors through load_weights", got.log), got.log
 
 
 def test_tp2_from_a_tp2_checkpoint_with_the_endpoint_in_storage_options(

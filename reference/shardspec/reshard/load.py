@@ -32,7 +32,7 @@ from ..format.integrity import (
 )
 from ..format.json_text import load_json
 from ..format.manifest import FileRecord, Layout, Manifest
-from ..format.safetensors_header import read_header
+from ..format.safetensors_header import Header, read_header
 from ..load.host_memory import fresh_buffer
 from ..load.plan import FilePlan, plan_ranks
 from ..storage.paths import open_inside
@@ -50,6 +50,7 @@ __all__ = [
     "checkpoint_heads",
     "execute_reshard",
     "load_resharded",
+    "read_remote_runs",
 ]
 
 #: From object storage, the gaps between wanted runs that are fetched anyway (one request
@@ -334,10 +335,34 @@ def _read_remote_file(
 ) -> None:
     """:func:`_read_file` of an object: the same checks, then every box's runs as ranged
     requests, each answer's version compared with the first's (SPEC 9.3)."""
+    wanted = sum(byte_size(DTYPES[j.target.dtype], j.source.box_shape) or 0 for j in jobs)
+
+    def add(header: Header, reads: RemoteReads) -> None:
+        for job in sorted(jobs, key=lambda job: header.entries[job.name].begin):
+            # Boxes read through a scratch buffer are copied after every request is in: each
+            # box gets a scratch buffer of its own.
+            read_box(reads, header, job.name, job.target, job.source, out[job.key], Scratch())
+
+    read_remote_runs(root, plan, wanted, add, stats, verify, gap_budget)
+
+
+def read_remote_runs(
+    root: RemoteRoot,
+    plan: FilePlan,
+    wanted: int,
+    add: Callable[[Header, RemoteReads], None],
+    stats: ReadStats,
+    verify: bool,
+    gap_budget: float,
+) -> None:
+    """Read ``wanted`` bytes of one object: its header checked against ``plan`` (SPEC 6.3,
+    7.2), then ``add(header, reads)`` names every run wanted, which are fetched by ranged
+    requests in parallel (the gaps between them within ``gap_budget``), each answer's version
+    compared with the first's (SPEC 9.3); with ``verify``, or where the store gives no
+    version, the object is streamed whole and its digests checked (9.2)."""
     record = plan.record
     stats.files_opened.append(record.path)
     source = RemoteObject(root, record.path, record.size)
-    wanted = sum(byte_size(DTYPES[j.target.dtype], j.source.box_shape) or 0 for j in jobs)
     if record.size <= (1 + gap_budget) * wanted and len(root.link.ranges(0, record.size)) == 1:
         # Fetching the whole object with one GET asks no more than the budget allows: every
         # box is then copied out of it, no request per run.
@@ -358,10 +383,7 @@ def _read_remote_file(
         digests = Digests(record.checksums)
         digests.update(prefix)
     reads = RemoteReads(source, stats, prefix, gap_budget, digests)
-    for job in sorted(jobs, key=lambda job: header.entries[job.name].begin):
-        # Boxes read through a scratch buffer are copied after every request is in: each box
-        # gets a scratch buffer of its own.
-        read_box(reads, header, job.name, job.target, job.source, out[job.key], Scratch())
+    add(header, reads)
     reads.flush()
     if digests is not None:
         check_digests(record.path, record.checksums, digests.hexdigests(), "object")

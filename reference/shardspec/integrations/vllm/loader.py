@@ -18,8 +18,8 @@ Two ways in, chosen per checkpoint:
   shape (:mod:`.handed`). Layers of other pipeline stages are not read.
 
 A checkpoint in object storage (``source`` in ``model_loader_extra_config``, :mod:`.source`)
-is read with ranged GETs of the worker's bytes only: at its own layout each rank's objects
-whole, at any other the ``load_weights`` way for every tensor (for now).
+is read the same two ways, by ranged GETs of the worker's bytes only, in parallel, each answer
+copied straight into the parameters (:func:`.replay.replay`).
 A checkpoint whose rank-local tensors cannot serve the engine's layout is refused before any
 weight is read, naming both layouts and the tensor; so is a quantization that is not the
 engine's.
@@ -91,31 +91,10 @@ class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has n
             {name: tuple(t.shape) for name, t in model.state_dict().items()},
             Heads.from_config(config))
         if own is not None and whole_rank:  # vLLM's names at the engine's own layout
-            if checkpoint.is_remote:
-                load_own_rank(checkpoint, own, model, _model_device(model), self.options.verify)
-                files = checkpoint.manifest.files_of(own)
-                stats.files_opened = [f.path for f in files]
-                stats.data_bytes = sum(f.size for f in files)
-            else:
-                place_own_rank(checkpoint, own, model, verify=self.options.verify, stats=stats)
-        else:
+            place_own_rank(checkpoint, own, model, verify=self.options.verify, stats=stats)
+        else:  # from a directory or a bucket alike: replayed into the parameters
             refuse_rank_local(checkpoint.manifest, rank)
-            if checkpoint.is_remote:
-                checked = True
-                try:  # to check the shapes only: every tensor goes through load_weights
-                    _recorded(checkpoint, model, rank, config,
-                              _stand_ins(checkpoint.manifest, model, config), _targets(model))
-                except RecordingFailed as error:
-                    checked = False
-                    logger.warning("shardspec: the model's load_weights could not be recorded "
-                                   "(%s); its tensors are read whole", error)
-                load: Any = model.load_weights  # the vLLM model's own; nn.Module has no type
-                loaded = load(global_tensors(
-                    checkpoint, model, rank, config, verify=self.options.verify, stats=stats,
-                    whole=not checked))
-                _check_all_loaded(model, loaded, checkpoint)
-            else:
-                self._place(checkpoint, model, rank, config, stats)
+            self._place(checkpoint, model, rank, config, stats)
         seconds = time.perf_counter() - started
         logger.info("Loading weights took %.2f seconds", seconds)
         logger.info("shardspec: worker tp_rank=%d pp_rank=%d read %d bytes (headers and data) "
@@ -145,9 +124,8 @@ class ShardspecModelLoader(BaseModelLoader):  # type: ignore[misc]  # vLLM has n
         logger.info("shardspec: placement plan %s: %d reads into %d parameters, %d tensors "
                     "through load_weights", how, len(plan.reads),
                     len({r.target for r in plan.reads}), len(plan.fallback))
-        replay(checkpoint.path, checkpoint.manifest, plan, targets,  # type: ignore[arg-type]
-               verify=self.options.verify, stats=stats,
-               poison=os.environ.get(CHECK_BOXES_ENV) == "1")
+        replay(checkpoint.path, checkpoint.manifest, plan, targets, verify=self.options.verify,
+               stats=stats, poison=os.environ.get(CHECK_BOXES_ENV) == "1")
         if plan.fallback:
             for name, why in sorted(plan.fallback.items()):
                 logger.info("shardspec: %s goes through load_weights: %s", name, why)
@@ -328,7 +306,7 @@ def place_own_rank(checkpoint: Checkpoint, rank: int, model: nn.Module, *, verif
     if not all(state[name].is_contiguous() for name in held):
         load_own_rank(checkpoint, rank, model, _model_device(model), verify)
         return
-    replay(checkpoint.path, checkpoint.manifest,  # type: ignore[arg-type]
+    replay(checkpoint.path, checkpoint.manifest,
            own_layout_plan({f.record.path: list(f.expected) for f in plan.files}, state,
                            plan.joins),
            state, verify=verify, stats=stats, poison=os.environ.get(CHECK_BOXES_ENV) == "1")

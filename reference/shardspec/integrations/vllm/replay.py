@@ -46,8 +46,10 @@ from ...load.host_memory import PAGE_BYTES, advise_huge_pages, fresh_buffer, pre
 from ...load.host_reads import DIRECT_CHUNK_BYTES, DIRECT_READS_IN_FLIGHT, direct_descriptor
 from ...load.plan import FilePlan, plan_ranks
 from ...load.reads import pread_direct_span, pread_into, pread_runs
-from ...reshard.boxes import ReadStats
+from ...reshard.boxes import ReadStats, RemoteReads
+from ...reshard.load import REMOTE_GAP_BUDGET, read_remote_runs
 from ...storage.paths import open_inside
+from ...storage.remote import RemoteRoot
 from .placements import PlacementPlan, Read
 
 __all__ = ["DIRECT_IN_FLIGHT", "GAP_BYTES", "PARAM_HUGE_PAGES", "REPLAY_THREADS", "ROWS_PER_CALL",
@@ -102,7 +104,7 @@ def poison_(tensor: torch.Tensor) -> None:
         tensor.fill_(-1 if tensor.dtype.is_signed else torch.iinfo(tensor.dtype).max)
 
 
-def replay(root: Path, manifest: Manifest, plan: PlacementPlan,
+def replay(root: Path | RemoteRoot, manifest: Manifest, plan: PlacementPlan,
            targets: Mapping[str, torch.Tensor], *, verify: bool = False,
            stats: ReadStats | None = None, poison: bool = False) -> None:
     """Execute ``plan`` into ``targets`` (the model's parameters and buffers by name).
@@ -119,6 +121,48 @@ def replay(root: Path, manifest: Manifest, plan: PlacementPlan,
     for read in plan.reads:
         by_file.setdefault(read.file, []).append(read)
     file_plans = _file_plans(manifest, set(by_file))
+    if isinstance(root, RemoteRoot):
+        _replay_remote(root, by_file, file_plans, sinks, verify, stats)
+    else:
+        _replay_local(root, by_file, file_plans, sinks, verify, stats)
+    for fill in plan.fills:
+        sinks[fill.target].fill(fill.dst.offset, fill.dst.strides, fill.dst.shape, fill.value)
+    for sink in sinks.values():
+        sink.finish()
+
+
+def _replay_remote(root: RemoteRoot, by_file: dict[str, list[Read]],
+                   file_plans: dict[str, FilePlan], sinks: dict[str, _Sink], verify: bool,
+                   stats: ReadStats | None) -> None:
+    """The reads from objects: each object's runs fetched by ranged requests in parallel, at
+    most :data:`~shardspec.storage.remote.REQUESTS_IN_FLIGHT` at once, each answer copied
+    straight into the parameters' bytes as it comes (no tensor of the checkpoint is built),
+    the header checked first and every answer's version compared (SPEC 9.3)."""
+    stats = stats if stats is not None else ReadStats()
+    for path, reads in sorted(by_file.items()):
+        wanted = sum(read.count * read.length for read in reads)
+        read_remote_runs(root, file_plans[path], wanted,
+                         functools.partial(_add_runs, path, reads, sinks), stats, verify,
+                         REMOTE_GAP_BUDGET)
+
+
+def _add_runs(path: str, reads: list[Read], sinks: dict[str, _Sink], header: Header,
+              fetch: RemoteReads) -> None:
+    """Every run of ``reads`` (one object's), as a (position, target bytes) to fetch."""
+    for read in sorted(reads, key=lambda one: header.entries[one.tensor].begin + one.src):
+        sink = sinks[read.target]
+        _check_bounds(path, header, read, sink)
+        base = header.data_start + header.entries[read.tensor].begin + read.src
+        if read.count == 1 or read.src_stride == read.length == read.dst_stride:
+            fetch.add(base, sink.host[read.dst : read.dst + read.count * read.length])
+            continue
+        for i in range(read.count):
+            at = read.dst + i * read.dst_stride
+            fetch.add(base + i * read.src_stride, sink.host[at : at + read.length])
+
+
+def _replay_local(root: Path, by_file: dict[str, list[Read]], file_plans: dict[str, FilePlan],
+                  sinks: dict[str, _Sink], verify: bool, stats: ReadStats | None) -> None:
     with ThreadPoolExecutor(REPLAY_THREADS, thread_name_prefix="shardspec-replay") as pool, \
             ThreadPoolExecutor(DIRECT_IN_FLIGHT, thread_name_prefix="shardspec-direct") as device:
         for path, reads in sorted(by_file.items()):
@@ -145,10 +189,6 @@ def replay(root: Path, manifest: Manifest, plan: PlacementPlan,
                 stats.data_bytes += sum(_span(r) for r in reads)
                 stats.reads += calls
                 stats.verify_bytes += size if verify else 0
-    for fill in plan.fills:
-        sinks[fill.target].fill(fill.dst.offset, fill.dst.strides, fill.dst.shape, fill.value)
-    for sink in sinks.values():
-        sink.finish()
 
 
 class _Sink:
@@ -218,15 +258,8 @@ def _span(read: Read) -> int:
 def _jobs(fd: int, path: str, header: Header, read: Read, sink: _Sink, direct: int | None
           ) -> list[Callable[[], int]]:
     """The read calls of one read, each a job for the pool; bounds checked first."""
-    entry = header.entries[read.tensor]
-    if read.src_end > entry.end - entry.begin or read.dst_end > len(sink.view):
-        raise SafetensorsError(Finding(
-            code="st-offsets", file=path, tensor=read.tensor,
-            message=f"a cached placement reads bytes {read.src}..{read.src_end} of it into "
-            f"{read.target!r}, past the tensor's {entry.end - entry.begin} bytes or the "
-            f"target's {len(sink.view)}: the plan cache does not belong to this checkpoint",
-            hint="delete the plan cache directory (model_loader_extra_config 'plan_cache')"))
-    base = header.data_start + entry.begin + read.src
+    _check_bounds(path, header, read, sink)
+    base = header.data_start + header.entries[read.tensor].begin + read.src
     view = sink.view
     if read.count == 1 or (read.src_stride == read.length == read.dst_stride):
         total = read.count * read.length
@@ -259,6 +292,19 @@ def _runs(fd: int, path: str, target: np.ndarray, start: int, read: Read, count:
         return pread_runs(fd, target, start, read.dst_stride, read.length, count, position,
                           read.src_stride, path, scratch)
     return job
+
+
+def _check_bounds(path: str, header: Header, read: Read, sink: _Sink) -> None:
+    """A read inside its tensor's bytes and its target's: else the plan is not this
+    checkpoint's (a stale cache)."""
+    entry = header.entries[read.tensor]
+    if read.src_end > entry.end - entry.begin or read.dst_end > len(sink.view):
+        raise SafetensorsError(Finding(
+            code="st-offsets", file=path, tensor=read.tensor,
+            message=f"a cached placement reads bytes {read.src}..{read.src_end} of it into "
+            f"{read.target!r}, past the tensor's {entry.end - entry.begin} bytes or the "
+            f"target's {len(sink.view)}: the plan cache does not belong to this checkpoint",
+            hint="delete the plan cache directory (model_loader_extra_config 'plan_cache')"))
 
 
 def _direct_jobs(direct: int, fd: int, path: str, position: int, count: int,

@@ -54,6 +54,7 @@ from typing import Any
 from ..format.dtypes import DTYPES, byte_size
 from ..format.limits import DEFAULT_MAX_FILE_SIZE
 from ..format.manifest import FileRecord, Layout, Manifest, Piece, Quantization, TensorRecord
+from ..format.safetensors_header import SHARDING_INFO_KEY
 from ..format.ties import Box
 from ..storage.location import Location, PathOrURL, locate
 from ..storage.remote import RemoteRoot
@@ -71,7 +72,6 @@ from ..write.save import (
 from ..write.shards import Cut, file_entries
 from . import fp8
 from .directories import Progress, hf_extra_files, local_dir, read_json
-from .from_hf_distributed import SHARDING_INFO_KEY
 from .hf import HFSource, OutTensor, iter_box, write_safetensors
 from .plan import LM_HEAD, Split, Tied, plan_splits
 from .tp_plan import PlanError, PlanWarning, TPPlan

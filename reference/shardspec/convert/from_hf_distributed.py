@@ -24,20 +24,17 @@ import msgspec
 
 from ..format.json_text import load_json
 from ..format.manifest import Piece
-from ..format.safetensors_header import Header
+from ..format.safetensors_header import SHARDING_INFO_KEY, Header
 from .adopt import Imported, add_data_file, adopt, adoptable, check_numbering
 from .directories import WEIGHT_SUFFIXES, Progress
 from .hf import HFError
 
-__all__ = ["SHARD_FILE", "SHARDING_INFO_KEY", "import_hf_distributed"]
+__all__ = ["SHARD_FILE", "import_hf_distributed"]
 
 #: torch's name for a rank's file (``_hf_utils.SHARDED_FILE_NAME``): rank S from 1, file C of N.
 #: Matched whole (fullmatch: ``$`` would take a trailing newline), ASCII digits only (``\d``
 #: takes any script's, which int() reads as the same number).
 SHARD_FILE = re.compile(r"shard-([0-9]{5})-model-([0-9]{5})-of-([0-9]{5})\.safetensors")
-
-#: The ``__metadata__`` key of torch's per-entry offsets (``_hf_utils.CUSTOM_METADATA_KEY``).
-SHARDING_INFO_KEY = "DCP_SHARDING_INFO"
 
 
 def import_hf_distributed(

@@ -17,7 +17,12 @@ from .integrity import Readable
 from .json_dialect import JSONProblem, decode_fast, parse_strict_json
 from .limits import MAX_DIMS, MAX_JSON_DEPTH, MAX_SAFETENSORS_HEADER_BYTES, MAX_SIZE
 
-__all__ = ["Entry", "Header", "read_header"]
+__all__ = ["SHARDING_INFO_KEY", "Entry", "Header", "read_header"]
+
+#: The ``__metadata__`` key of torch's per-entry offsets (``_hf_utils.CUSTOM_METADATA_KEY``): a
+#: distributed save of Hugging Face files writes it, ``convert`` writes it where pieces are
+#: global (SPEC 6.3, informative), and ``import`` reads it.
+SHARDING_INFO_KEY = "DCP_SHARDING_INFO"
 
 _ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
 

@@ -378,19 +378,18 @@ def _tensor_record(
     if len(global_shapes) > 1:
         raise ValueError(f"tensor {name!r}: the ranks' Shards disagree on the global shape: "
                          f"{sorted(global_shapes)}")
-    pieces = tuple(
-        Piece(rank=r, file=file_of[(r, name, k)], shape=s.shape or t.shape, offset=s.offset,
-              replica=s.replica)
-        if t.shard is not None else Piece(rank=r, file=file_of[(r, name, 0)], shape=t.shape)
-        for r, t in infos.items() for k, s in _numbered(t.shards)
-    )
+    pieces = tuple(p for r, t in infos.items() for p in _pieces(r, name, t, file_of))
     return TensorRecord(dtype=dtypes.pop(), shape=global_shapes.pop() if global_shapes else None,
                         pieces=pieces, logical=logical, tied_to=tie)
 
 
-def _numbered(shards: tuple[Shard, ...]) -> list[tuple[int, Shard]]:
-    """Each piece's index, and its Shard; a rank-local tensor's one piece has index 0."""
-    return list(enumerate(shards)) or [(0, Shard((), ()))]
+def _pieces(rank: int, name: str, info: TensorInfo,
+            file_of: Mapping[tuple[int, str, int], str]) -> list[Piece]:
+    """``rank``'s pieces of tensor ``name``: one a Shard, or a rank-local tensor's one piece."""
+    if info.shard is None:
+        return [Piece(rank=rank, file=file_of[(rank, name, 0)], shape=info.shape)]
+    return [Piece(rank=rank, file=file_of[(rank, name, k)], shape=s.shape or info.shape,
+                  offset=s.offset, replica=s.replica) for k, s in enumerate(info.shards)]
 
 
 def write_rank(

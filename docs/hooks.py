@@ -10,9 +10,9 @@ Markers, each alone on a line of a page, are replaced before the page is rendere
 - ``<!-- source PATH NAME -->``: the source of top-level function, class or constant ``NAME``
   of Python file ``PATH``, as a code block (found by name with ``ast``, not by line numbers);
 - ``<!-- architectures -->``: the architectures ``convert`` takes with no plan, from the test
-  matrix itself (``tests/architectures.py``) and the plan each resolves to;
+  matrix itself (``tests/helpers/architectures.py``) and the plan each resolves to;
 - ``<!-- quantization -->``: the quantized layouts the vLLM plugin is tested with, from that
-  matrix (``tests/quantized_models.py``).
+  matrix (``tests/helpers/quantized_models.py``).
 
 Two files are added to the site: ``schema/manifest.schema.json`` (the schema itself, which
 SPEC.md links to) and ``assets/benchmark-load.svg`` (a bar chart of the same results table).
@@ -472,7 +472,7 @@ def _test_module(name: str) -> Any:
 
 
 def architectures_table() -> str:
-    """One row per architecture of ``tests/architectures.py``: the plan ``convert`` resolves
+    """One row per architecture of ``tests/helpers/architectures.py``: the plan ``convert`` resolves
     with no ``--plan`` (asked of the code, not written here), what the tests convert and serve."""
     from shardspec.convert.tp_plan import resolve_plan
 
@@ -490,7 +490,8 @@ def architectures_table() -> str:
 
 
 def quantization_table() -> str:
-    """One row per layout of ``tests/quantized_models.py``, as ``tests/test_vllm_quantized.py``
+    """One row per layout of ``tests/helpers/quantized_models.py``, as
+    ``tests/integrations/vllm/test_vllm_quantized.py``
     converts and loads it."""
     module = _test_module("quantized_models")
     rows = ["| layout | `quant_method` (format) | each linear layer holds | converted and merged "

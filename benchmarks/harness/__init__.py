@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "reference"
 #: The tests' helpers some benchmarks use too: the S3 server, the vLLM runner, the writers of
 #: Hugging Face and quantized models.
-TEST_HELPERS = REPO / "tests"
+TEST_HELPERS = REPO / "tests" / "helpers"
 #: Where benchmarks write their checkpoints unless told (``SHARDSPEC_BENCH_OUT``).
 OUT = Path(os.environ.get("SHARDSPEC_BENCH_OUT", REPO / "benchmarks" / "out"))
 

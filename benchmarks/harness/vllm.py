@@ -1,7 +1,8 @@
 """The vLLM benchmarks' harness (``vllm/``): the model they serve, its checkpoints at each TP,
 the options they share, and one engine run through the tests' runner.
 
-Every contender is a fresh engine: ``tests/vllm_runner.py`` run by the vLLM venv's python (of
+Every contender is a fresh engine: ``tests/helpers/vllm_runner.py`` run by the vLLM venv's python
+(of
 ``make vllm``), which prints the engine's start (``RESULT``) and each worker's timed
 ``load_weights`` (``LOAD_WEIGHTS``).
 """

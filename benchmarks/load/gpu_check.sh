@@ -27,9 +27,9 @@ step environment
 # 1. Tests: the CUDA ones and the staging, direct-read and loading logic they build on. Warnings
 #    are shown, not failures: the image's torch is not the version the project pins.
 step tests
-timeout 100 "$PY" -m pytest -q -p no:cacheprovider -W default tests/test_cuda.py tests/test_staging.py \
-    tests/test_direct_reads.py tests/test_load.py tests/test_reshard.py \
-    tests/test_vllm_placements.py \
+timeout 100 "$PY" -m pytest -q -p no:cacheprovider -W default tests/load/test_cuda.py tests/load/test_staging.py \
+    tests/load/test_direct_reads.py tests/load/test_load.py tests/reshard/test_reshard.py \
+    tests/integrations/vllm/test_vllm_placements.py \
     -k "cuda or staging or direct or load or Load or gpu" --junitxml "$OUT/cuda-tests.xml" \
     2>&1 | tee "$OUT/cuda-tests.txt" || status=1
 

@@ -1,7 +1,8 @@
 """Object-storage benchmark: one rank's load from an S3 server against fetching more first.
 
 A synthetic Llama-shaped bf16 model (default 512 MiB) is uploaded to a local S3 server (moto, on
-127.0.0.1, in this process, behind tests/s3_server.py's middleware, which logs every request the
+127.0.0.1, in this process, behind tests/helpers/s3_server.py's middleware, which logs every
+request the
 server answers) twice: as a shardspec checkpoint with TP ranks, and as one whole
 safetensors file. Rank TP-1 (the last) is then loaded by every contender, interleaved in a
 rotating order in each repeat:

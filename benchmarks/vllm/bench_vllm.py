@@ -4,7 +4,8 @@ One random Llama-shaped bf16 model (transformers' ``save_pretrained``; by defaul
 hidden 2048, 1.56 GiB) is written once and converted with shardspec: with Hugging Face names at
 each benchmarked TP (what ``convert --tp N`` gives) and at TP 4 (served resharded at the
 engine's TP), and with ``--names vllm`` at each TP (vLLM's ``sharded_state`` files, which the
-plugin loads at their own layout). Every contender is a fresh engine (``tests/vllm_runner.py``
+plugin loads at their own layout). Every contender is a fresh engine
+(``tests/helpers/vllm_runner.py``
 in the vLLM venv of ``make vllm``), in a rotating order each repeat:
 
 | contender | directory | load format |
@@ -30,7 +31,8 @@ evicted from the page cache with ``posix_fadvise(DONTNEED)`` before each engine;
 the contender's files read once before its engine. A contender vLLM cannot start with is
 dropped and its error noted; one whose package is missing is skipped with a note.
 
-With ``--quantization LAYOUT`` (a layout of ``tests/quantized_models.py`` that vLLM's CPU build
+With ``--quantization LAYOUT`` (a layout of ``tests/helpers/quantized_models.py`` that vLLM's CPU
+build
 serves, such as ``w8a8-int8-dynamic``) the model is that bf16 model quantized so, as a
 quantizer writes it (``--layers 32`` gives 1.58 GiB of int8 weights and bf16 embeddings).
 ``convert --names vllm`` does not fuse quantized projections, so vLLM's names at each TP are
@@ -88,7 +90,7 @@ class Run:
 
 
 def quantized_model(path: Path, bf16: Path, layout: str) -> None:
-    """``bf16`` quantized in ``layout`` (``tests/quantized_models.py``'s quantizers) at
+    """``bf16`` quantized in ``layout`` (``tests/helpers/quantized_models.py``'s quantizers) at
     ``path``."""
     use_test_helpers()
     from quantized_models import save_quantized

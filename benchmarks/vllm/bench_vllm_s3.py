@@ -7,7 +7,8 @@ process) four ways: its Hugging Face files as ``save_pretrained`` wrote them, an
 ``shardspec convert`` at each benchmarked TP with Hugging Face names and with ``--names vllm
 --sharded-state`` (converted locally and put into moto's store directly: moto 5.2 fails to
 complete a multipart upload of a 1.5 GiB object). Every contender is a fresh engine
-(``tests/vllm_runner.py`` in the vLLM venv of ``make vllm``), in a rotating order each repeat,
+(``tests/helpers/vllm_runner.py`` in the vLLM venv of ``make vllm``), in a rotating order each
+repeat,
 each reading the bucket as a user sets it up (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...):
 
 | contender | in the bucket | vLLM's model | load format |
@@ -160,7 +161,8 @@ class RangedGets:
 
 
 class BenchServer(S3Server):
-    """tests/s3_server.py's server with :class:`RangedGets` in front of its middleware (which
+    """tests/helpers/s3_server.py's server with :class:`RangedGets` in front of its middleware
+    (which
     reads every answer whole before sending it): object GETs stream straight out."""
 
     def __init__(self) -> None:

@@ -4,7 +4,7 @@ overlap or leave gaps, and returns data that no global tensor has.
 
 A conformance adapter (``accepts_invalid.py CHECKPOINT_DIR RANK OUTPUT_FILE``) built on a
 private copy of conformance/examples/minimal_reader.py with one defect. The suite must
-catch it and name SPEC 7.3 (coverage); tests/test_conformance.py checks that it does.
+catch it and name SPEC 7.3 (coverage); tests/testing/test_conformance.py checks that it does.
 """
 
 from __future__ import annotations

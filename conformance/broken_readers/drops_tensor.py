@@ -4,7 +4,7 @@ its own), as a loader that filters names too eagerly would.
 
 A conformance adapter (``drops_tensor.py CHECKPOINT_DIR RANK OUTPUT_FILE``) built on a
 private copy of conformance/examples/minimal_reader.py with one defect. The suite must
-catch it and name SPEC 7.2 (pieces); tests/test_conformance.py checks that it does.
+catch it and name SPEC 7.2 (pieces); tests/testing/test_conformance.py checks that it does.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ flipped, as a reader with an off-by-one offset or a corrupting copy would return
 
 A conformance adapter (``flips_byte.py CHECKPOINT_DIR RANK OUTPUT_FILE``) built on a
 private copy of conformance/examples/minimal_reader.py with one defect. The suite must
-catch it and name SPEC 7.2 (pieces); tests/test_conformance.py checks that it does.
+catch it and name SPEC 7.2 (pieces); tests/testing/test_conformance.py checks that it does.
 """
 
 from __future__ import annotations

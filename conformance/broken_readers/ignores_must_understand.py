@@ -4,7 +4,7 @@ unknown extension changed (encrypted or repacked) as if nothing were there.
 
 A conformance adapter (``ignores_must_understand.py CHECKPOINT_DIR RANK OUTPUT_FILE``) built on a
 private copy of conformance/examples/minimal_reader.py with one defect. The suite must
-catch it and name SPEC 4.4 (extensions); tests/test_conformance.py checks that it does.
+catch it and name SPEC 4.4 (extensions); tests/testing/test_conformance.py checks that it does.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ takes the tensor-parallel rank for the global rank would on another stage.
 
 A conformance adapter (``ignores_rank.py CHECKPOINT_DIR RANK OUTPUT_FILE``) built on a
 private copy of conformance/examples/minimal_reader.py with one defect. The suite must
-catch it and name SPEC 11.1 (the reader procedure); tests/test_conformance.py checks that it does.
+catch it and name SPEC 11.1 (the reader procedure); tests/testing/test_conformance.py checks that
+it does.
 """
 
 from __future__ import annotations

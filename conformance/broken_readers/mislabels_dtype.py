@@ -4,7 +4,7 @@ classic bfloat16/float16 mix-up.
 
 A conformance adapter (``mislabels_dtype.py CHECKPOINT_DIR RANK OUTPUT_FILE``) built on a
 private copy of conformance/examples/minimal_reader.py with one defect. The suite must
-catch it and name SPEC 6.4 (dtypes); tests/test_conformance.py checks that it does.
+catch it and name SPEC 6.4 (dtypes); tests/testing/test_conformance.py checks that it does.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ newer minor one (unknown fields ignored), so it loads a 2.0 checkpoint it cannot
 
 A conformance adapter (``reads_newer_major.py CHECKPOINT_DIR RANK OUTPUT_FILE``) built on a
 private copy of conformance/examples/minimal_reader.py with one defect. The suite must
-catch it and name SPEC 4.2 (version rules); tests/test_conformance.py checks that it does.
+catch it and name SPEC 4.2 (version rules); tests/testing/test_conformance.py checks that it does.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ written before format 1.3 would (one piece a rank), instead of returning their j
 A conformance adapter (``refuses_joins.py CHECKPOINT_DIR RANK OUTPUT_FILE``) built on a
 private copy of conformance/examples/minimal_reader.py with one defect. The suite must
 catch it and name SPEC 7.2 (pieces: rules 3, 6 and 7 allow and join several pieces a rank);
-tests/test_conformance.py checks that it does, with the golden vectors and with the generated
+tests/testing/test_conformance.py checks that it does, with the golden vectors and with the
+generated
 checkpoints alone.
 """
 

@@ -1,6 +1,7 @@
 """The dtypes of SPEC 6.4: their bit widths, byte-size arithmetic and torch equivalents.
 
-SPEC.md's dtype table is the source; ``tests/test_spec_agreement.py`` checks this table against it.
+SPEC.md's dtype table is the source; ``tests/docs/test_spec_agreement.py`` checks this table
+against it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Every limit a shardspec reader enforces, each next to the SPEC section that sets it.
 
-SPEC.md section 12 lists the same numbers; ``tests/test_spec_agreement.py`` holds the two together.
+SPEC.md section 12 lists the same numbers; ``tests/docs/test_spec_agreement.py`` holds the two
+together.
 """
 
 from __future__ import annotations

@@ -1,0 +1,23 @@
+"""The ``shardspec`` command run in this process, as the CLI tests run it."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from shardspec.cli import app
+
+runner = CliRunner()
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr; rich wraps text at 80 columns, so text output has its
+    whitespace runs folded to single spaces (JSON output is printed unwrapped)."""
+    result = runner.invoke(app, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    if "--json" in args:
+        return result.exit_code, result.stdout, result.stderr
+    return result.exit_code, fold(result.stdout), fold(result.stderr)
+
+
+def fold(text: str) -> str:
+    return "\n".join(" ".join(line.split()) for line in text.splitlines())

@@ -459,12 +459,12 @@ def benchmark_chart() -> str:
 
 
 def _test_module(name: str) -> Any:
-    """``tests/NAME.py``, imported by path (the tests folder is no package)."""
+    """``tests/helpers/NAME.py``, imported by path (the tests' helpers are no package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, repo_file(f"tests/{name}.py"))
+    spec = importlib.util.spec_from_file_location(name, repo_file(f"tests/helpers/{name}.py"))
     if spec is None or spec.loader is None:
-        raise PluginError(f"docs: tests/{name}.py cannot be imported")
+        raise PluginError(f"docs: tests/helpers/{name}.py cannot be imported")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)

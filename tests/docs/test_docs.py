@@ -258,8 +258,8 @@ def test_included_files_get_site_links(hooks: Any) -> None:
     assert link("SPEC 7.2", "../SPEC.md#72-pieces", "benchmarks", "") == \
         "[SPEC 7.2](spec.md#72-pieces)"
     assert link("vectors/", "vectors/", "conformance", "") == "`conformance/vectors/`"
-    assert link("the script", "bench_load.py", "benchmarks", "guides") == \
-        "the script (`benchmarks/bench_load.py`)"
+    assert link("the script", "bench_load.py", "benchmarks/load", "guides") == \
+        "the script (`benchmarks/load/bench_load.py`)"
     assert link("x", "https://example.org/x", "benchmarks", "") == "[x](https://example.org/x)"
     assert link("gone", "no-such-file.md", "benchmarks", "") == "[gone](no-such-file.md)"
     source = hooks.source("conformance/examples/minimal_reader.py", "load_rank")

@@ -1,5 +1,6 @@
-"""Vectors that pin readings the SPEC once left open (issues 24 and 50): for each, a reader that reads
-the rule the other way fails the vector. Valid and invalid ones side by side, by section."""
+"""Vectors that pin readings the SPEC once left open (issues 24 and 50): for each, a reader
+that reads the rule the other way fails the vector. Valid and invalid ones side by side, by
+section."""
 
 from __future__ import annotations
 

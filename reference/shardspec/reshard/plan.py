@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import NoReturn
 
 from ..format.dtypes import DTYPES, byte_size
@@ -45,6 +44,17 @@ from ..format.manifest import Alias, Layout, Manifest, Piece, TensorRecord
 from ..format.overlap import first_overlap
 from ..format.stages import assign_stages
 from ..format.ties import tied_box
+from .geometry import (
+    Region,
+    bounding,
+    intersect,
+    merged,
+    numbered,
+    parts_of,
+    slice_of,
+    volume,
+)
+from .targets import Box, ReshardPlan, SourcePiece, TargetPiece
 
 __all__ = [
     "Box",
@@ -57,68 +67,6 @@ __all__ = [
     "target_pieces",
 ]
 
-#: (offset, shape) of a rectangular slice of a global tensor, in elements.
-Box = tuple[tuple[int, ...], tuple[int, ...]]
-
-
-@dataclass(frozen=True)
-class SourcePiece:
-    """A source piece a target piece reads from, and the part of it (``box``, global
-    coordinates) that lies inside the target piece."""
-
-    rank: int
-    file: str
-    piece_offset: tuple[int, ...]
-    piece_shape: tuple[int, ...]
-    box_offset: tuple[int, ...]
-    box_shape: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class TargetPiece:
-    """What a target rank holds of one global tensor, and where its elements come from."""
-
-    dtype: str
-    global_shape: tuple[int, ...]
-    offset: tuple[int, ...]
-    shape: tuple[int, ...]
-    replica: int
-    sources: tuple[SourcePiece, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return byte_size(DTYPES[self.dtype], self.shape) or 0
-
-
-@dataclass(frozen=True)
-class ReshardPlan:
-    """Everything one rank of the target layout holds, and the aliases it hands back."""
-
-    rank: int
-    layout: Layout
-    pieces: dict[str, TargetPiece]
-    aliases: dict[str, str]
-    #: Tensors the rank holds in several pieces, one of each part (SPEC 11.3 rule 12), in join
-    #: order: the rank's value is their join along ``joined_along[name]`` (7.2 rule 7).
-    parts: dict[str, tuple[TargetPiece, ...]] = field(default_factory=dict)
-    joined_along: dict[str, int] = field(default_factory=dict)
-
-    def every_piece(self) -> Iterator[tuple[str, int | None, TargetPiece]]:
-        """(name, part index or None for a tensor held in one piece, piece)."""
-        for name, piece in self.pieces.items():
-            yield name, None, piece
-        for name, held in self.parts.items():
-            for index, piece in enumerate(held):
-                yield name, index, piece
-
-    @property
-    def target_bytes(self) -> int:
-        return sum(p.nbytes for _, _, p in self.every_piece())
-
-    def source_files(self) -> list[tuple[int, str]]:
-        """The (source rank, file) pairs the plan reads from, in rank then path order."""
-        return sorted({(s.rank, s.file) for _, _, p in self.every_piece() for s in p.sources})
-
 
 def _refuse(
     code: str, message: str, tensor: str | None = None, hint: str | None = None
@@ -126,110 +74,11 @@ def _refuse(
     raise error_for(Finding(code=code, message=message, tensor=tensor, hint=hint))
 
 
-def _volume(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
-
-
-def slice_of(size: int, parts: int, index: int, unit: int = 1) -> tuple[int, int]:
-    """(start, length) of part ``index`` of ``range(size)`` split ``torch.tensor_split``-style
-    into ``parts``, in steps of ``unit`` elements (``size`` must be a multiple of ``unit``)."""
-    units = size // unit
-    base, extra = divmod(units, parts)
-    start = index * base + min(index, extra)
-    length = base + (1 if index < extra else 0)
-    return start * unit, length * unit
-
-
-def _intersect(a: Box, b: Box) -> Box | None:
-    """The overlap of two boxes, None when it holds no element (a scalar always overlaps)."""
-    offset, shape = [], []
-    for ao, as_, bo, bs in zip(a[0], a[1], b[0], b[1], strict=True):
-        lo, hi = max(ao, bo), min(ao + as_, bo + bs)
-        if hi <= lo:
-            return None
-        offset.append(lo)
-        shape.append(hi - lo)
-    return tuple(offset), tuple(shape)
-
-
-def _bounding(boxes: list[Box]) -> Box:
-    """The smallest box holding all of ``boxes`` (at least one, all of one rank)."""
-    ndim = len(boxes[0][0])
-    lo = tuple(min(b[0][d] for b in boxes) for d in range(ndim))
-    hi = tuple(max(b[0][d] + b[1][d] for b in boxes) for d in range(ndim))
-    return lo, tuple(h - low for h, low in zip(hi, lo, strict=True))
-
-
-def _merged(boxes: list[Box], dim: int | None) -> list[Box]:
-    """A rank's slices of the parts with each run of adjacent ones along ``dim`` (each ending
-    where the next begins) made one box (SPEC 11.3 rule 12)."""
-    out = [boxes[0]]
-    for box in boxes[1:]:
-        last = out[-1]
-        if dim is not None and last[0][dim] + last[1][dim] == box[0][dim]:
-            shape = tuple(a + b if d == dim else a
-                          for d, (a, b) in enumerate(zip(last[1], box[1], strict=True)))
-            out[-1] = (last[0], shape)
-        else:
-            out.append(box)
-    return out
-
-
-def _numbered(boxes: Mapping[int, Box]) -> dict[int, tuple[Box, int]]:
-    """rank -> (box, replica): equal boxes are replicas 0, 1, ... in rank order (rule 6)."""
-    replica_of: dict[Box, int] = {}
-    out: dict[int, tuple[Box, int]] = {}
-    for rank in sorted(boxes):
-        box = boxes[rank]
-        replica = replica_of.get(box, 0)
-        replica_of[box] = replica + 1
-        out[rank] = (box, replica)
-    return out
-
-
 #: (stage, expert rank) -> the region that group of ranks holds
-_Regions = dict[tuple[int, int], "_Region"]
+_Regions = dict[tuple[int, int], "Region"]
 
 #: (name, record, target box, replica, [(overlap, the pieces that hold it)]) of one rank
 _Wanted = tuple[str, TensorRecord, Box, int, list[tuple[Box, list[Piece]]]]
-
-
-@dataclass(frozen=True)
-class _Region:
-    """What one (stage, expert rank) group of source ranks holds of a tensor; ``parts``: the
-    regions of its parts, in order along ``dim``, where the group holds it cut in parts."""
-
-    box: Box
-    dim: int | None
-    parts: tuple[Box, ...] = ()
-
-
-def _parts(pieces: list[Piece], ndim: int) -> tuple[int, tuple[Box, ...]] | None:
-    """(join dim, part regions) where every rank of a group holds m >= 2 pieces whose j-th ones
-    make up part j, the parts following one another along the join dim, each spanning the
-    group's region in the other dims (SPEC 11.3 rule 12); None otherwise."""
-    by_rank: dict[int, list[Piece]] = {}
-    for piece in pieces:
-        by_rank.setdefault(piece.rank, []).append(piece)
-    counts = {len(held) for held in by_rank.values()}
-    if len(counts) != 1 or counts == {1} or ndim == 0:
-        return None
-    offsets = {id(p): p.offset or (0,) * ndim for p in pieces}
-    dims = {d for held in by_rank.values() for d in range(ndim)
-            if len({offsets[id(p)][d] for p in held}) > 1}
-    if len(dims) != 1:
-        return None
-    dim = dims.pop()
-    ordered = [sorted(held, key=lambda p: offsets[id(p)][dim]) for held in by_rank.values()]
-    parts = tuple(_bounding([(offsets[id(held[j])], held[j].shape) for held in ordered])
-                  for j in range(counts.pop()))
-    region = _bounding([(offsets[id(p)], p.shape) for p in pieces])
-    if any(a[0][dim] + a[1][dim] > b[0][dim] for a, b in zip(parts, parts[1:], strict=False)):
-        return None
-    if any(part[0][e] != region[0][e] or part[1][e] != region[1][e]
-           for part in parts for e in range(ndim) if e != dim):
-        return None
-    return dim, parts
 
 
 class Resharder:
@@ -330,21 +179,21 @@ class Resharder:
         regions = {}
         for key, pieces in sorted(groups.items()):
             offsets = [p.offset or (0,) * ndim for p in pieces]
-            box = _bounding([(o, p.shape) for o, p in zip(offsets, pieces, strict=True)])
-            parted = _parts(pieces, ndim) if name not in self._split_dims else None
+            box = bounding([(o, p.shape) for o, p in zip(offsets, pieces, strict=True)])
+            parted = parts_of(pieces, ndim) if name not in self._split_dims else None
             if parted is not None:
-                regions[key] = _Region(box, parted[0], parted[1])
+                regions[key] = Region(box, parted[0], parted[1])
                 continue
             if name in self._split_dims:
                 dim = self._split_dims[name]
-                regions[key] = _Region(box, None if dim is None else dim % ndim)
+                regions[key] = Region(box, None if dim is None else dim % ndim)
                 continue
             dims = [d for d in range(ndim) if len({o[d] for o in offsets}) > 1]
             if len(dims) > 1:
                 _refuse("reshard-unsupported", f"pipeline stage {key[0]}, expert rank {key[1]} "
                         f"splits the tensor along dimensions {dims}: not a tensor-parallel "
                         "split along one dimension", tensor=name)
-            regions[key] = _Region(box, dims[0] if dims else None)
+            regions[key] = Region(box, dims[0] if dims else None)
         return regions
 
     def _target_boxes(self, name: str, record: TensorRecord) -> dict[int, tuple[Box, int]]:
@@ -364,7 +213,7 @@ class Resharder:
                 rank = self.layout.rank_of(tp_rank=tp_rank, pp_rank=pp_rank, ep_rank=ep_rank)
                 boxes[rank] = self._slice(name, dtype.bits, region, tp_rank, runs)
         self._check_boxes(name, record, boxes.values())
-        return _numbered(boxes)
+        return numbered(boxes)
 
     # --- parts (rule 12) ---------------------------------------------------------------------
 
@@ -382,14 +231,14 @@ class Resharder:
                      for t in range(self.layout.tp_size)]
             slices: list[list[Box]] = []
             for part, kind in zip(parts, kinds, strict=True):
-                one = _Region(part, region.dim)
+                one = Region(part, region.dim)
                 runs = self._head_runs(name, record.shape, one, kind)
                 slices.append([self._slice(name, bits, one, t, runs)
                                for t in range(len(ranks))])
             repeated = any(len(set(boxes)) < len(boxes) for boxes in slices)
             for t, rank in enumerate(ranks):
                 mine = [boxes[t] for boxes in slices]
-                held[rank] = mine if repeated else _merged(mine, region.dim)
+                held[rank] = mine if repeated else merged(mine, region.dim)
         self._check_boxes(name, record, [box for boxes in held.values() for box in boxes])
         seen: dict[Box, int] = {}
         out: dict[int, tuple[tuple[Box, int], ...]] = {}
@@ -401,7 +250,7 @@ class Resharder:
             out[rank] = tuple(numbered)
         return out
 
-    def _part_kinds(self, name: str, shape: tuple[int, ...], region: _Region, parts: int
+    def _part_kinds(self, name: str, shape: tuple[int, ...], region: Region, parts: int
                     ) -> tuple[Kind | None, ...]:
         """What each part holds along the split dim: a fused attention tensor cut in three
         parts holds query, then key, then value heads (rule 12); other parts: as named."""
@@ -415,7 +264,7 @@ class Resharder:
         """The regions keyed by the target stage (rule 5); unchanged when pp_size is."""
         if not self._pp_changed:
             return regions
-        by_expert: dict[int, _Region] = {}
+        by_expert: dict[int, Region] = {}
         for (pp_rank, ep_rank), region in regions.items():
             if by_expert.setdefault(ep_rank, region) != region:
                 _refuse("reshard-unsupported", f"pipeline stages hold different slices of "
@@ -429,7 +278,7 @@ class Resharder:
 
     def _regrouped(self, name: str, regions: _Regions) -> _Regions:
         """(stage, source expert rank) -> region becomes (stage, target expert rank) -> region."""
-        by_stage: dict[int, dict[int, _Region]] = {}
+        by_stage: dict[int, dict[int, Region]] = {}
         for (stage, ep_rank), region in regions.items():
             by_stage.setdefault(stage, {})[ep_rank] = region
         expert = self._experts.get(name)
@@ -451,8 +300,8 @@ class Resharder:
                 out[stage, expert_rank(expert.index, expert.experts, new_ep)] = region
         return out
 
-    def _one_region(self, name: str, stage: int, held: Mapping[int, _Region],
-                    everywhere: bool) -> _Region:
+    def _one_region(self, name: str, stage: int, held: Mapping[int, Region],
+                    everywhere: bool) -> Region:
         """The region the source expert ranks of ``stage`` hold alike (rule 10 (a), (c)); a
         tensor of no expert must be held by all of them, since every new one holds it."""
         source_ep = self.manifest.layout.ep_size
@@ -467,8 +316,8 @@ class Resharder:
                     f"{self.layout.ep_size}", tensor=name)
         return regions.pop()
 
-    def _expert_runs(self, name: str, expert: ExpertTensor, held: Mapping[int, _Region]
-                     ) -> dict[int, _Region]:
+    def _expert_runs(self, name: str, expert: ExpertTensor, held: Mapping[int, Region]
+                     ) -> dict[int, Region]:
         """Target expert rank -> its run of a stacked tensor's experts (rule 10 (b)), split
         along the dimension other than the experts' that the source groups split."""
         if any(r.parts for r in held.values()):
@@ -479,9 +328,9 @@ class Resharder:
             _refuse("reshard-unsupported", f"its source expert ranks split it along different "
                     f"dimensions {sorted(dims, key=str)}", tensor=name)
         dim = dims.pop() if dims else None
-        offset, shape = _bounding([r.box for r in held.values()])
+        offset, shape = bounding([r.box for r in held.values()])
         run = expert.experts // self.layout.ep_size
-        return {ep_rank: _Region(((ep_rank * run, *offset[1:]), (run, *shape[1:])), dim)
+        return {ep_rank: Region(((ep_rank * run, *offset[1:]), (run, *shape[1:])), dim)
                 for ep_rank in range(self.layout.ep_size)}
 
     # --- tied tensors (rule 9) ---------------------------------------------------------------
@@ -507,9 +356,9 @@ class Resharder:
                         "block boundaries")
             boxes[rank] = box
         self._check_boxes(name, record, boxes.values())
-        return _numbered(boxes)
+        return numbered(boxes)
 
-    def _head_runs(self, name: str, shape: tuple[int, ...], region: _Region,
+    def _head_runs(self, name: str, shape: tuple[int, ...], region: Region,
                    kind: Kind | None | str = "by name"
                    ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         """Each tp rank's run of whole heads along the region's split dim (rule 11), from its
@@ -534,7 +383,7 @@ class Resharder:
                     f"{self.layout.tp_size})", tensor=name,
                     hint="choose a tp_size that deals whole attention heads to every rank")
 
-    def _slice(self, name: str, bits: int, region: _Region, tp_rank: int,
+    def _slice(self, name: str, bits: int, region: Region, tp_rank: int,
                runs: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> Box:
         offset, shape = region.box
         dim = region.dim
@@ -562,11 +411,11 @@ class Resharder:
             if byte_size(dtype, shape) is None:
                 _refuse("reshard-unsupported", f"a target piece of shape {list(shape)} would "
                         f"not fill whole bytes of {record.dtype} (SPEC 6.5)", tensor=name)
-        total = _volume(record.shape)
+        total = volume(record.shape)
         if total == 0:
             return
-        distinct = sorted({b for b in boxes if _volume(b[1])})
-        if first_overlap(distinct) is not None or sum(_volume(s) for _, s in distinct) != total:
+        distinct = sorted({b for b in boxes if volume(b[1])})
+        if first_overlap(distinct) is not None or sum(volume(s) for _, s in distinct) != total:
             _refuse("reshard-unsupported", "the source's pipeline stages or expert ranks hold "
                     "slices that do not tile the tensor, so no target layout can be derived",
                     tensor=name)
@@ -638,12 +487,12 @@ class Resharder:
     def _needs(self, name: str, box: Box) -> list[tuple[Box, list[Piece]]]:
         """The part of each source slot inside ``box``, with the pieces that hold it."""
         needs: list[tuple[Box, list[Piece]]] = []
-        if _volume(box[1]):
+        if volume(box[1]):
             for slot, pieces in self._slots[name].items():
-                overlap = _intersect(slot, box)
-                if overlap is not None and _volume(overlap[1]):
+                overlap = intersect(slot, box)
+                if overlap is not None and volume(overlap[1]):
                     needs.append((overlap, pieces))
-            if sum(_volume(o[1]) for o, _ in needs) != _volume(box[1]):
+            if sum(volume(o[1]) for o, _ in needs) != volume(box[1]):
                 raise error_for(Finding(code="coverage-gap", tensor=name,
                                         message="the source pieces do not cover a target piece"))
         return needs

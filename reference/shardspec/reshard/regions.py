@@ -13,7 +13,9 @@ from collections.abc import Mapping
 
 from ..format.errors import Finding, error_for
 from ..format.manifest import Layout, Manifest, Piece, TensorRecord
-from .plan import Box, Resharder, ReshardPlan, SourcePiece, TargetPiece, _intersect, _volume
+from .geometry import intersect, volume
+from .plan import Resharder
+from .targets import Box, ReshardPlan, SourcePiece, TargetPiece
 
 __all__ = ["plan_boxes"]
 
@@ -40,14 +42,14 @@ def plan_boxes(manifest: Manifest, boxes: Mapping[str, Box]) -> ReshardPlan:
                 f"box at {list(offset)} of shape {list(shape)} is not inside the tensor's "
                 f"shape {list(record.shape)}")))
         sources: list[SourcePiece] = []
-        if _volume(shape):
+        if volume(shape):
             for slot, holders in Resharder._slots_of(record).items():
-                overlap = _intersect(slot, box)
-                if overlap is None or not _volume(overlap[1]):
+                overlap = intersect(slot, box)
+                if overlap is None or not volume(overlap[1]):
                     continue
                 piece = _pick(holders, used)
                 sources.append(_source(piece, record, overlap))
-            if sum(_volume(s.box_shape) for s in sources) != _volume(shape):
+            if sum(volume(s.box_shape) for s in sources) != volume(shape):
                 raise error_for(Finding(code="coverage-gap", tensor=name, message=(
                     "the source pieces do not cover the box asked for")))
         pieces[name] = TargetPiece(dtype=record.dtype, global_shape=record.shape, offset=offset,

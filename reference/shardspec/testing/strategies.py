@@ -24,7 +24,6 @@ Example::
 
 from __future__ import annotations
 
-import random
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,9 +53,9 @@ from .handwritten import (
     move_into,
     newer_minor,
     spec_shape,
-    torch_shape,
     write_f6,
 )
+from .values import make_tensor, tensor_split_boxes, torch_index, writer_units
 
 __all__ = [
     "CheckpointSpec",
@@ -128,41 +127,6 @@ def shapes(draw: st.DrawFn, dtype: str = "F32", max_dims: int = 3) -> tuple[int,
     elif dtype in F6:
         dims[-1] = 4 * draw(st.integers(0, 2))
     return tuple(dims)
-
-
-def _make_tensor(dtype: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    """A tensor of random bytes (NaN payloads and all); BOOL holds only 0 and 1."""
-    torch_dtype = torch.uint8 if dtype in F6 else DTYPES[dtype].torch_dtype
-    assert torch_dtype is not None
-    tshape = torch_shape(dtype, shape)
-    count = 1
-    for dim in tshape:
-        count *= dim
-    if count == 0:
-        return torch.empty(tshape, dtype=torch_dtype)
-    raw = random.Random(seed).randbytes(count * torch_dtype.itemsize)
-    if dtype == "BOOL":
-        raw = bytes(b & 1 for b in raw)
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(torch_dtype).reshape(tshape)
-
-
-def _blocks(shape: tuple[int, ...], splits: list[tuple[int, int]]
-            ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """(offset, size) boxes from splitting ``shape`` by each (dim, parts) in turn, as
-    ``torch.tensor_split`` divides (SPEC 11.3 rule 4), in row-major order of the splits."""
-    boxes = [((0,) * len(shape), shape)]
-    for dim, parts in splits:
-        out = []
-        for offset, size in boxes:
-            quotient, remainder = divmod(size[dim], parts)
-            start = offset[dim]
-            for i in range(parts):
-                length = quotient + (i < remainder)
-                out.append((offset[:dim] + (start,) + offset[dim + 1:],
-                            size[:dim] + (length,) + size[dim + 1:]))
-                start += length
-        boxes = out
-    return boxes
 
 
 @dataclass(frozen=True)
@@ -364,7 +328,7 @@ def _place_global(draw: st.DrawFn, spec: CheckpointSpec, name: str, seed: int) -
     layout = spec.layout
     dtype = draw(dtypes(), label=f"{name} dtype")
     shape = draw(shapes(dtype), label=f"{name} shape")
-    base = _make_tensor(dtype, shape, seed)
+    base = make_tensor(dtype, shape, seed)
     tshape = tuple(base.shape)
     # F6 is held as placeholder bytes: never split it along its last dimension.
     dims = list(range(len(tshape) - 1 if dtype in F6 else len(tshape)))
@@ -376,7 +340,7 @@ def _place_global(draw: st.DrawFn, spec: CheckpointSpec, name: str, seed: int) -
         ep_dim = draw(st.sampled_from(dims))
     splits = ([(ep_dim, layout.ep_size)] if ep_dim is not None else []) + \
         ([(tp_dim, layout.tp_size)] if tp_dim is not None else [])
-    boxes = _blocks(tshape, splits)
+    boxes = tensor_split_boxes(tshape, splits)
     scale = 2 if dtype == "F4" else 1  # Shard offsets count elements; F4 packs two a byte
     global_shape = (*tshape[:-1], tshape[-1] * scale) if tshape else ()
     held: list[int] = []
@@ -407,21 +371,6 @@ def _place_global(draw: st.DrawFn, spec: CheckpointSpec, name: str, seed: int) -
 #: A rank's pieces of a joined tensor in its data files (the writer puts a rank's k-th Shard of
 #: a tensor in the rank's k-th run of files): in increasing offset, reversed or shuffled.
 FILE_ORDERS = ("offset", "reversed", "shuffled")
-
-
-def _torch_index(dtype: str, offset: tuple[int, ...], size: tuple[int, ...]
-                 ) -> tuple[slice, ...]:
-    """The index of a box given in elements into a tensor held in torch's units (F4 packs two
-    elements a byte, an F6 placeholder 4 in 3 bytes, along the last dimension)."""
-    last = len(offset) - 1
-    return tuple(slice(*(torch_shape(dtype, (n,))[0] if d == last else n for n in (o, o + s)))
-                 for d, (o, s) in enumerate(zip(offset, size, strict=True)))
-
-
-def _writer_units(dtype: str, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """A shape or offset in elements as the writer counts it: the writer takes an F6
-    placeholder for U8 bytes (:func:`~.handwritten.write_f6` relabels it afterwards)."""
-    return torch_shape(dtype, shape) if dtype in F6 else shape
 
 
 def _place_joined(draw: st.DrawFn, spec: CheckpointSpec, name: str, seed: int) -> TensorPlan:
@@ -463,7 +412,7 @@ def _place_joined(draw: st.DrawFn, spec: CheckpointSpec, name: str, seed: int) -
     shape = tuple(start if d == dim else
                   (unit if d == ndim - 1 else 1) * draw(st.integers(0, 3 if unit == 1 else 2))
                   for d in range(ndim))
-    base = _make_tensor(dtype, shape, seed)
+    base = make_tensor(dtype, shape, seed)
     count = sum(chunks)  # pieces on each holder
     order = draw(st.sampled_from(FILE_ORDERS), label=f"{name} file order")
     arranged = (list(range(count)) if order == "offset" else list(range(count))[::-1]
@@ -485,14 +434,14 @@ def _place_joined(draw: st.DrawFn, spec: CheckpointSpec, name: str, seed: int) -
         shards = []
         for offset, size in boxes:
             replica = seen[offset, size] = seen.get((offset, size), -1) + 1
-            shards.append(Shard(_writer_units(dtype, shape), _writer_units(dtype, offset),
-                                replica, _writer_units(dtype, size)))
+            shards.append(Shard(writer_units(dtype, shape), writer_units(dtype, offset),
+                                replica, writer_units(dtype, size)))
         # the rank's value, computed apart from any reader: its pieces in increasing offset
         # (as bytes where torch cannot concatenate the dtype, F4 among them)
         as_bytes = base.dtype.itemsize == 1
         spec.states[rank][name] = torch.cat(
-            [base[_torch_index(dtype, offset, size)].view(torch.uint8) if as_bytes else
-             base[_torch_index(dtype, offset, size)] for offset, size in boxes],
+            [base[torch_index(dtype, offset, size)].view(torch.uint8) if as_bytes else
+             base[torch_index(dtype, offset, size)] for offset, size in boxes],
             dim=dim).view(base.dtype)
         spec.sharding[rank][name] = [shards[i] for i in arranged]
         held.append(rank)
@@ -510,7 +459,7 @@ def _place_local(draw: st.DrawFn, spec: CheckpointSpec, name: str, seed: int) ->
     holders = sorted(draw(st.sets(st.integers(0, spec.world_size - 1), min_size=1)))
     for rank in holders:
         shape = draw(shapes(dtype), label=f"{name} shape on rank {rank}")
-        spec.states[rank][name] = _make_tensor(dtype, shape, seed + rank)
+        spec.states[rank][name] = make_tensor(dtype, shape, seed + rank)
     if dtype in F6:
         spec.f6[name] = dtype
     return TensorPlan(name, "rank-local", dtype, None, tuple(holders))

@@ -2,15 +2,12 @@
 """Broken on purpose: it skips the coverage check, so it accepts checkpoints whose pieces
 overlap or leave gaps, and returns data that no global tensor has.
 
-A conformance adapter (``accepts_invalid.py CHECKPOINT_DIR RANK OUTPUT_FILE``) built on a
-private copy of conformance/examples/minimal_reader.py with one defect. The suite must
-catch it and name SPEC 7.3 (coverage); tests/testing/test_conformance.py checks that it does.
+The suite must name SPEC 7.3 (coverage); _common.py says what the broken readers share.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -21,16 +18,12 @@ BREAKS = "7.3"
 reader = minimal_reader("accepts_invalid")
 
 
-
 def _no_coverage_check(name: str, shape: list[int], pieces: list[dict[str, object]]) -> None:
     """The defect: pieces are never checked to cover their tensor exactly once."""
 
 
 reader.check_coverage = _no_coverage_check
-
-
-def read(directory: str, rank: int, output: str, ignore_extensions: Sequence[str] = ()) -> None:
-    reader.read(directory, rank, output, ignore_extensions)
+read = reader.read
 
 if __name__ == "__main__":
     sys.exit(main(read, sys.argv[1:]))

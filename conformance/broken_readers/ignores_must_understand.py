@@ -2,9 +2,7 @@
 """Broken on purpose: it ignores every extension, must_understand or not, so it loads data an
 unknown extension changed (encrypted or repacked) as if nothing were there.
 
-A conformance adapter (``ignores_must_understand.py CHECKPOINT_DIR RANK OUTPUT_FILE``) built on a
-private copy of conformance/examples/minimal_reader.py with one defect. The suite must
-catch it and name SPEC 4.4 (extensions); tests/testing/test_conformance.py checks that it does.
+The suite must name SPEC 4.4 (extensions); _common.py says what the broken readers share.
 """
 
 from __future__ import annotations
@@ -21,16 +19,12 @@ BREAKS = "4.4"
 reader = minimal_reader("ignores_must_understand")
 
 
-
 def _ignore_all(manifest: dict[str, object], ignore: Sequence[str], warnings: list[str]) -> None:
     """The defect: must_understand is never looked at."""
 
 
 reader.check_extensions = _ignore_all
-
-
-def read(directory: str, rank: int, output: str, ignore_extensions: Sequence[str] = ()) -> None:
-    reader.read(directory, rank, output, ignore_extensions)
+read = reader.read
 
 if __name__ == "__main__":
     sys.exit(main(read, sys.argv[1:]))

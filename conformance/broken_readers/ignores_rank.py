@@ -2,10 +2,8 @@
 """Broken on purpose: it ignores the rank argument and always loads rank 0, as a loader that
 takes the tensor-parallel rank for the global rank would on another stage.
 
-A conformance adapter (``ignores_rank.py CHECKPOINT_DIR RANK OUTPUT_FILE``) built on a
-private copy of conformance/examples/minimal_reader.py with one defect. The suite must
-catch it and name SPEC 11.1 (the reader procedure); tests/testing/test_conformance.py checks that
-it does.
+The suite must name SPEC 11.1 (the reader procedure); _common.py says what the broken
+readers share.
 """
 
 from __future__ import annotations

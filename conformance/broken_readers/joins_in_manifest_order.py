@@ -3,15 +3,13 @@
 them, not in increasing offset (SPEC 7.2 rule 7), as a loader that concatenates the pieces it
 meets would.
 
-A conformance adapter (``joins_in_manifest_order.py CHECKPOINT_DIR RANK OUTPUT_FILE``) built on
-a private copy of conformance/examples/minimal_reader.py with one defect. The suite must
-catch it and name SPEC 7.2 (pieces); tests/testing/test_conformance.py checks that it does.
+The suite must name SPEC 7.2 (pieces); _common.py says what the broken readers share.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +45,7 @@ def listed_manifest(root: str, ignore: Collection[str], warnings: list[str]) -> 
 
 
 reader.read_manifest = listed_manifest
-
-
-def read(directory: str, rank: int, output: str, ignore_extensions: Sequence[str] = ()) -> None:
-    tensors, _ = reader.load_rank(directory, rank, ignore_extensions=ignore_extensions)
-    reader.write_safetensors(output, tensors)
+read = reader.read
 
 if __name__ == "__main__":
     sys.exit(main(read, sys.argv[1:]))

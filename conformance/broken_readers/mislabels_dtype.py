@@ -1,32 +1,31 @@
 #!/usr/bin/env python3
 """Broken on purpose: BF16 tensors come back labelled F16 (same size, another meaning), the
-classic bfloat16/float16 mix-up.
-
-A conformance adapter (``mislabels_dtype.py CHECKPOINT_DIR RANK OUTPUT_FILE``) built on a
-private copy of conformance/examples/minimal_reader.py with one defect. The suite must
-catch it and name SPEC 6.4 (dtypes); tests/testing/test_conformance.py checks that it does.
+classic bfloat16/float16 mix-up. The suite must name SPEC 6.4 (dtypes); _common.py says what
+the broken readers share.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import main, minimal_reader  # noqa: E402
+from _common import changing, main, minimal_reader  # noqa: E402
 
 #: The SPEC section the suite must name when it catches this reader.
 BREAKS = "6.4"
 reader = minimal_reader("mislabels_dtype")
 
 
-def read(directory: str, rank: int, output: str, ignore_extensions: Sequence[str] = ()) -> None:
-    tensors, _ = reader.load_rank(directory, rank, ignore_extensions=ignore_extensions)
+def bf16_as_f16(tensors: dict[str, Any]) -> None:
+    """The defect: every BF16 tensor is relabelled F16."""
     for name, tensor in tensors.items():
         if tensor.dtype == "BF16":
             tensors[name] = tensor._replace(dtype="F16")
-    reader.write_safetensors(output, tensors)
+
+
+read = changing(reader, bf16_as_f16)
 
 if __name__ == "__main__":
     sys.exit(main(read, sys.argv[1:]))

@@ -2,16 +2,13 @@
 """Broken on purpose: it reads any format version, taking an unknown major version for a
 newer minor one (unknown fields ignored), so it loads a 2.0 checkpoint it cannot understand.
 
-A conformance adapter (``reads_newer_major.py CHECKPOINT_DIR RANK OUTPUT_FILE``) built on a
-private copy of conformance/examples/minimal_reader.py with one defect. The suite must
-catch it and name SPEC 4.2 (version rules); tests/testing/test_conformance.py checks that it does.
+The suite must name SPEC 4.2 (version rules); _common.py says what the broken readers share.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -22,7 +19,6 @@ BREAKS = "4.2"
 reader = minimal_reader("reads_newer_major")
 
 
-
 def _any_version(manifest: object, warnings: list[str]) -> bool:
     """The defect: another major version is read as if it were a newer minor version."""
     version = manifest.get("format_version") if isinstance(manifest, dict) else None
@@ -31,10 +27,7 @@ def _any_version(manifest: object, warnings: list[str]) -> bool:
 
 
 reader.check_version = _any_version
-
-
-def read(directory: str, rank: int, output: str, ignore_extensions: Sequence[str] = ()) -> None:
-    reader.read(directory, rank, output, ignore_extensions)
+read = reader.read
 
 if __name__ == "__main__":
     sys.exit(main(read, sys.argv[1:]))

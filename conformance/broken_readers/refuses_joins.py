@@ -2,18 +2,14 @@
 """Broken on purpose: it refuses every rank that holds several pieces of one tensor, as a reader
 written before format 1.3 would (one piece a rank), instead of returning their join.
 
-A conformance adapter (``refuses_joins.py CHECKPOINT_DIR RANK OUTPUT_FILE``) built on a
-private copy of conformance/examples/minimal_reader.py with one defect. The suite must
-catch it and name SPEC 7.2 (pieces: rules 3, 6 and 7 allow and join several pieces a rank);
-tests/testing/test_conformance.py checks that it does, with the golden vectors and with the
-generated
-checkpoints alone.
+The suite must name SPEC 7.2 (pieces: rules 3, 6 and 7 allow and join several pieces a rank),
+with the golden vectors and with the generated checkpoints alone; _common.py says what the
+broken readers share.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +30,7 @@ def one_piece_only(pieces: list[Any]) -> Any:
 
 
 reader.join = one_piece_only
-
-
-def read(directory: str, rank: int, output: str, ignore_extensions: Sequence[str] = ()) -> None:
-    tensors, _ = reader.load_rank(directory, rank, ignore_extensions=ignore_extensions)
-    reader.write_safetensors(output, tensors)
+read = reader.read
 
 if __name__ == "__main__":
     sys.exit(main(read, sys.argv[1:]))

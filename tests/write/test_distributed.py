@@ -8,7 +8,6 @@ straggler, so a hang fails the test instead of stalling the suite.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import shlex
 import subprocess
@@ -27,6 +26,7 @@ from typer.testing import CliRunner
 import shardspec
 from shardspec import Layout, Shard
 from shardspec.cli import app
+from worlds import spawn_world
 
 if TYPE_CHECKING:
     from s3_server import S3Server
@@ -101,25 +101,7 @@ def run_world(tmp: Path, world: int, scenario: str, **args: Any) -> list[dict[st
     """Run ``scenario`` on ``world`` spawned ranks; return each rank's result (None: died)."""
     run_dir = tmp / f"run-{scenario}-{time.monotonic_ns()}"
     run_dir.mkdir()
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_child, args=(r, world, str(run_dir), scenario, args))
-             for r in range(world)]
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + JOIN_SECONDS
-    for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
-    hung = [r for r, proc in enumerate(procs) if proc.is_alive()]
-    for proc in procs:
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-    assert not hung, f"ranks {hung} of {scenario!r} still running after {JOIN_SECONDS}s"
-    results = []
-    for r in range(world):
-        out = run_dir / f"result-{r}.json"
-        results.append(json.loads(out.read_text()) if out.exists() else None)
-    return results
+    return spawn_world(run_dir, world, _child, (scenario, args), JOIN_SECONDS, scenario)
 
 
 def assert_all_ok(results: list[dict[str, Any] | None]) -> None:

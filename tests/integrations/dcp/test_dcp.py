@@ -16,11 +16,9 @@ Each rank reports through a JSON file; the tests assert on the reports and on th
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
-import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
@@ -38,6 +36,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 import shardspec
 from shardspec import Layout
 from shardspec.integrations.dcp import OBJECTS_KEY, Reader, Writer
+from worlds import spawn_world
 
 if TYPE_CHECKING:
     from s3_server import S3Server
@@ -159,28 +158,11 @@ def run_world(tmp: Path, world: int, scenario: Scenario, **args: Any) -> list[di
     scenario_name = scenario if isinstance(scenario, str) else scenario.__name__
     run_dir = tmp / f"run-{scenario_name}"
     run_dir.mkdir()
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_child, args=(r, world, str(run_dir), scenario, args))
-             for r in range(world)]
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + JOIN_SECONDS
-    for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
-    hung = [r for r, proc in enumerate(procs) if proc.is_alive()]
-    for proc in procs:
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-    assert not hung, f"ranks {hung} of {scenario_name!r} still running after {JOIN_SECONDS}s"
-    results = []
-    for r in range(world):
-        out = run_dir / f"result-{r}.json"
-        assert out.exists(), f"rank {r} of {scenario_name!r} died without a report"
-        result = json.loads(out.read_text())
+    results = spawn_world(run_dir, world, _child, (scenario, args), JOIN_SECONDS, scenario_name)
+    for r, result in enumerate(results):
+        assert result is not None, f"rank {r} of {scenario_name!r} died without a report"
         assert result["ok"], f"rank {r} of {scenario_name!r}: {result.get('traceback')}"
-        results.append(result)
-    return results
+    return [result for result in results if result is not None]
 
 
 # --- scenarios (run in the children) -----------------------------------------------------------

@@ -30,7 +30,7 @@ from .checks_fast import is_sound
 from .json_dialect import count_members, decode_fast_floats
 from .limits import MAX_JSON_DEPTH, MAX_MANIFEST_BYTES, SUPPORTED_MAJOR, SUPPORTED_MINOR
 from .manifest import Manifest
-from .schema import is_valid_if_piece_files_listed, manifest_schema
+from .schema import is_valid_if_piece_files_listed, json_leaves, manifest_schema
 
 __all__ = ["fast_manifest"]
 
@@ -162,17 +162,8 @@ def manifest_members(raw: Mapping[str, Any]) -> int:
 def _free_form_floats(raw: Mapping[str, Any]) -> int:
     """How many floats the free-form values of a schema-valid manifest hold (SPEC 4.3 rule 1:
     ``quantization.config`` and extension records; ``metadata`` holds strings only)."""
-    count = 0
-    stack: list[Any] = [raw["quantization"].get("config"), raw.get("extensions")]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, float):
-            count += 1
-    return count
+    free_form = json_leaves(raw["quantization"].get("config"), raw.get("extensions"))
+    return sum(isinstance(item, float) for item in free_form)
 
 
 def _file_members(files: Iterable[Mapping[str, Any]]) -> int:

@@ -40,6 +40,7 @@ __all__ = [
     "SCHEMA_FILE_NAME",
     "is_valid",
     "is_valid_if_piece_files_listed",
+    "json_leaves",
     "manifest_schema",
     "MAX_SCHEMA_FINDINGS",
     "schema_bytes",
@@ -209,18 +210,22 @@ def is_valid_if_piece_files_listed(data: Any) -> bool | None:
     return True
 
 
-def _has_float(data: Any) -> bool:
-    """Whether any number was written with a fraction or exponent (SPEC 3.3 rule 3 needs care)."""
-    stack = [data]
+def json_leaves(*roots: Any) -> Iterator[Any]:
+    """The values within decoded JSON ``roots`` that are neither objects nor arrays."""
+    stack = list(roots)
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-        elif isinstance(item, float):
-            return True
-    return False
+        else:
+            yield item
+
+
+def _has_float(data: Any) -> bool:
+    """Whether any number was written with a fraction or exponent (SPEC 3.3 rule 3 needs care)."""
+    return any(isinstance(item, float) for item in json_leaves(data))
 
 
 def is_valid(data: Any, *, has_floats: bool | None = None) -> bool:

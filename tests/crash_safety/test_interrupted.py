@@ -57,21 +57,30 @@ def _hf(tmp_path: Path) -> Path:
                                                        kv_heads=2))
 
 
-def test_ctrl_c_mid_convert_leaves_no_temporary_file_and_a_rerun_works(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    src = _hf(tmp_path)
+def _interrupt_convert(monkeypatch: pytest.MonkeyPatch, file: int, *, mid_tensor: bool) -> None:
+    """Ctrl-C as convert writes its ``file``-th data file: before its first byte, or half-way
+    through its first tensor."""
     written = from_hf.write_safetensors
     calls = [0]
 
     def interrupted(path: Path, tensors: object, **kwargs: object) -> tuple[int, str]:
         calls[0] += 1
-        if calls[0] == 2:  # the second data file, half-way through its first tensor
+        if calls[0] == file:
+            if not mid_tensor:
+                raise KeyboardInterrupt
+
             def stop(count: int) -> None:
                 raise KeyboardInterrupt
             kwargs["progress"] = stop
         return written(path, tensors, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(from_hf, "write_safetensors", interrupted)
+
+
+def test_ctrl_c_mid_convert_leaves_no_temporary_file_and_a_rerun_works(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _hf(tmp_path)
+    _interrupt_convert(monkeypatch, 2, mid_tensor=True)
     with pytest.raises(KeyboardInterrupt):
         convert(src, tmp_path / "ckpt", tp_size=2)
     names = sorted(os.listdir(tmp_path / "ckpt"))
@@ -89,16 +98,7 @@ def test_ctrl_c_mid_convert_leaves_no_temporary_file_and_a_rerun_works(
 def test_a_rerun_at_another_layout_removes_what_the_interrupted_convert_claimed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = _hf(tmp_path)
-    written = from_hf.write_safetensors
-    calls = [0]
-
-    def interrupted(path: Path, tensors: object, **kwargs: object) -> tuple[int, str]:
-        calls[0] += 1
-        if calls[0] == 3:
-            raise KeyboardInterrupt
-        return written(path, tensors, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(from_hf, "write_safetensors", interrupted)
+    _interrupt_convert(monkeypatch, 3, mid_tensor=False)
     with pytest.raises(KeyboardInterrupt):
         convert(src, tmp_path / "ckpt", tp_size=4)
     assert "shard-00002-model-00001-of-00001.safetensors" in os.listdir(tmp_path / "ckpt")

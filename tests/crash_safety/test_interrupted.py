@@ -57,9 +57,12 @@ def _hf(tmp_path: Path) -> Path:
                                                        kv_heads=2))
 
 
-def _interrupt_convert(monkeypatch: pytest.MonkeyPatch, file: int, *, mid_tensor: bool) -> None:
-    """Ctrl-C as convert writes its ``file``-th data file: before its first byte, or half-way
+def _interrupted_convert(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tp_size: int,
+                         file: int, *, mid_tensor: bool) -> Path:
+    """A Hugging Face directory (returned) converted to ``tmp_path / "ckpt"`` at ``tp_size`` with
+    Ctrl-C as convert writes its ``file``-th data file: before its first byte, or half-way
     through its first tensor."""
+    src = _hf(tmp_path)
     written = from_hf.write_safetensors
     calls = [0]
 
@@ -74,21 +77,20 @@ def _interrupt_convert(monkeypatch: pytest.MonkeyPatch, file: int, *, mid_tensor
             kwargs["progress"] = stop
         return written(path, tensors, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(from_hf, "write_safetensors", interrupted)
+    with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):
+        patched.setattr(from_hf, "write_safetensors", interrupted)
+        convert(src, tmp_path / "ckpt", tp_size=tp_size)
+    return src
 
 
 def test_ctrl_c_mid_convert_leaves_no_temporary_file_and_a_rerun_works(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    src = _hf(tmp_path)
-    _interrupt_convert(monkeypatch, 2, mid_tensor=True)
-    with pytest.raises(KeyboardInterrupt):
-        convert(src, tmp_path / "ckpt", tp_size=2)
+    src = _interrupted_convert(tmp_path, monkeypatch, 2, 2, mid_tensor=True)
     names = sorted(os.listdir(tmp_path / "ckpt"))
     # no temporary file, no manifest: the first file and the claim listing both files
     assert names == [CLAIM_NAME, "shard-00001-model-00001-of-00001.safetensors"]
     assert read_claim(tmp_path / "ckpt") == {"shard-00001-model-00001-of-00001.safetensors",
                                              "shard-00002-model-00001-of-00001.safetensors"}
-    monkeypatch.undo()
     convert(src, tmp_path / "ckpt", tp_size=2)  # the leftover is replaced without overwrite
     assert shardspec.validate(tmp_path / "ckpt", checksums=True).ok
     assert CLAIM_NAME not in os.listdir(tmp_path / "ckpt")  # gone with the commit
@@ -97,14 +99,10 @@ def test_ctrl_c_mid_convert_leaves_no_temporary_file_and_a_rerun_works(
 @pytest.mark.filterwarnings("ignore:the model has 2 key/value heads")
 def test_a_rerun_at_another_layout_removes_what_the_interrupted_convert_claimed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    src = _hf(tmp_path)
-    _interrupt_convert(monkeypatch, 3, mid_tensor=False)
-    with pytest.raises(KeyboardInterrupt):
-        convert(src, tmp_path / "ckpt", tp_size=4)
+    src = _interrupted_convert(tmp_path, monkeypatch, 4, 3, mid_tensor=False)
     assert "shard-00002-model-00001-of-00001.safetensors" in os.listdir(tmp_path / "ckpt")
     with pytest.raises(HFError, match="interrupted shardspec write"):  # not a save to adopt
         import_directory(tmp_path / "ckpt")
-    monkeypatch.undo()
     convert(src, tmp_path / "ckpt", tp_size=1)  # no overwrite needed; TP 4's files go
     assert sorted(os.listdir(tmp_path / "ckpt")) == [
         "config.json", "shard-00001-model-00001-of-00001.safetensors", "shardspec.json",

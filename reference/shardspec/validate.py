@@ -109,10 +109,10 @@ def _check_files(
     ranks = range(manifest.world_size) if rank is None else [rank]
     digest = _digest_findings if checksums else None
     checks: list[Callable[[], tuple[list[Finding], bool]]] = [
-        partial(_check_data_file, root, file_plan, digest, progress)
+        partial(_check_file, root, file_plan.record, file_plan, digest, progress)
         for plan in plan_ranks(manifest, ranks) for file_plan in plan.files
     ]
-    checks += [partial(_check_plain_file, root, record, digest, progress)
+    checks += [partial(_check_file, root, record, None, digest, progress)
                for record in manifest.extra_files]
     # Hashing releases the GIL: with checksums, files are verified a few at a time so that
     # SHA-256 (about 1.7 GB/s a core) keeps up with a fast disk. Objects in storage are checked
@@ -147,11 +147,12 @@ _OBJECT_CODES = frozenset({"file-missing", "file-not-regular", "file-size", "obj
 Digest = Callable[[FileRecord, Any, "Progress | None"], list[Finding]]
 
 
-def _check_data_file(
-    root: Location, plan: FilePlan, digest: Digest | None, progress: Progress | None
+def _check_file(
+    root: Location, record: FileRecord, plan: FilePlan | None, digest: Digest | None,
+    progress: Progress | None,
 ) -> tuple[list[Finding], bool]:
-    """Findings of one data file, and whether its digests were verified."""
-    record = plan.record
+    """Findings of one data file (with its ``plan``) or extra file (without), and whether its
+    digests were verified."""
     if isinstance(root, RemoteRoot):
         return _check_object(root, record, plan, digest, progress)
     try:
@@ -161,41 +162,25 @@ def _check_data_file(
     with handle:
         if size != record.size:
             return [_size_finding(record, size)], False
-        try:
-            header = read_header(handle, size, record.path)
-        except ShardspecError as exc:
-            findings = [exc.finding]
-        else:
-            findings = list(plan.header_findings(header))
+        findings: list[Finding] = []
+        if plan is not None:
+            try:
+                header = read_header(handle, size, record.path)
+            except ShardspecError as exc:
+                findings = [exc.finding]
+            else:
+                findings = list(plan.header_findings(header))
         if digest is None:
             return findings, False
         handle.seek(0)
         return findings + digest(record, handle, progress), True
 
 
-def _check_plain_file(
-    root: Location, record: FileRecord, digest: Digest | None, progress: Progress | None
-) -> tuple[list[Finding], bool]:
-    """Findings of one extra file, and whether its digests were verified."""
-    if isinstance(root, RemoteRoot):
-        return _check_object(root, record, None, digest, progress)
-    try:
-        handle, size = open_inside(root, record.path)
-    except ShardspecError as exc:
-        return [exc.finding], False
-    with handle:
-        if size != record.size:
-            return [_size_finding(record, size)], False
-        if digest is None:
-            return [], False
-        return digest(record, handle, progress), True
-
-
 def _check_object(
     root: RemoteRoot, record: FileRecord, plan: FilePlan | None, digest: Digest | None,
     progress: Progress | None,
 ) -> tuple[list[Finding], bool]:
-    """:func:`_check_data_file` (with a plan) or :func:`_check_plain_file` of an object."""
+    """:func:`_check_file` of an object."""
     try:
         if plan is None and digest is None:  # no byte is read: the size by a metadata request
             remote_version(root, record.path, record.size)

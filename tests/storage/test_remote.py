@@ -280,17 +280,22 @@ def test_the_manifest_is_written_last(tmp_path: Path, prefix: str,
     assert set(written[:-1]) == {f.path for r in tiny.manifest.ranks for f in r.files}
 
 
-def test_a_failed_write_leaves_no_manifest(tmp_path: Path, prefix: str,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    make_tiny(prefix)
+def _fail_puts(monkeypatch: pytest.MonkeyPatch, name_start: str) -> None:
+    """Every put of an object whose name starts with ``name_start`` fails as storage would."""
     original = RemoteRoot.put_file
 
-    def fail_second(self: RemoteRoot, relative: str, source: str) -> None:
-        if relative.startswith("model-rank-1"):
+    def fail(self: RemoteRoot, relative: str, source: str) -> None:
+        if relative.startswith(name_start):
             raise shardspec.StorageError(shardspec.Finding(code="storage-failed", message="x"))
         original(self, relative, source)
 
-    monkeypatch.setattr(RemoteRoot, "put_file", fail_second)
+    monkeypatch.setattr(RemoteRoot, "put_file", fail)
+
+
+def test_a_failed_write_leaves_no_manifest(tmp_path: Path, prefix: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    make_tiny(prefix)
+    _fail_puts(monkeypatch, "model-rank-1")
     with pytest.raises(shardspec.StorageError):
         make_tiny(prefix, overwrite=True)
     with pytest.raises(shardspec.NotCommittedError):
@@ -326,14 +331,7 @@ def test_an_interrupted_convert_to_a_prefix_is_replaced_and_a_users_save_kept(
     what an interrupted convert left (its claim lists it), and shard-* objects that no
     manifest or claim lists are refused, never removed, even with overwrite."""
     source = write_hf_dir(tmp_path / "hf", llama_tensors())
-    original = RemoteRoot.put_file
-
-    def fail_second(self: RemoteRoot, relative: str, source: str) -> None:
-        if relative.startswith("shard-00002"):
-            raise shardspec.StorageError(shardspec.Finding(code="storage-failed", message="x"))
-        original(self, relative, source)
-
-    monkeypatch.setattr(RemoteRoot, "put_file", fail_second)
+    _fail_puts(monkeypatch, "shard-00002")
     with pytest.raises(shardspec.StorageError):
         convert(source, prefix, tp_size=2)
     monkeypatch.undo()

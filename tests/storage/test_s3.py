@@ -67,6 +67,14 @@ def saved(s3_server: S3Server, s3_bucket: str, tmp_path: Path
     return url, options, manifest, tmp_path / "local"
 
 
+def assert_loads_as_saved(url: str, options: dict[str, Any], local: Path, rank: int) -> None:
+    """``rank`` loaded from the bucket holds the tensors it holds loaded from the local copy."""
+    loaded = shardspec.load_rank(url, rank, "cpu", storage_options=options)
+    expected = shardspec.load_rank(local, rank, "cpu")
+    for key in expected:
+        assert_same_tensor(loaded[key], expected[key])
+
+
 def data_keys(requests: list[Request]) -> set[str]:
     return {r.key.rsplit("/", 1)[1] for r in requests if r.key.endswith(".safetensors")}
 
@@ -353,10 +361,7 @@ def test_a_server_error_mid_read_is_retried(
     url, options, manifest, local = saved
     name = manifest.ranks[1].files[0].path
     s3_server.fail("GET", f"*{name}", status=500, times=remote.RETRIES - 1)
-    loaded = shardspec.load_rank(url, 1, "cpu", storage_options=options)
-    expected = shardspec.load_rank(local, 1, "cpu")
-    for key in expected:
-        assert_same_tensor(loaded[key], expected[key])
+    assert_loads_as_saved(url, options, local, 1)
     failed = [r for r in s3_server.requests("GET", f"ck/{name}") if r.status == 500]
     assert len(failed) == remote.RETRIES - 1
 
@@ -381,10 +386,7 @@ def test_a_connection_dropped_mid_body_is_retried(
     url, options, manifest, local = saved
     name = manifest.ranks[0].files[0].path
     s3_server.truncate("GET", f"*{name}", after_bytes=1000, times=remote.RETRIES - 1)
-    loaded = shardspec.load_rank(url, 0, "cpu", storage_options=options)
-    expected = shardspec.load_rank(local, 0, "cpu")
-    for key in expected:
-        assert_same_tensor(loaded[key], expected[key])
+    assert_loads_as_saved(url, options, local, 0)
     drops = sum(r.fault == "truncate" for r in s3_server.requests("GET", f"ck/{name}"))
     assert drops == remote.RETRIES - 1
 

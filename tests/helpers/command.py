@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typer.testing import CliRunner
 
 from shardspec.cli import app
@@ -21,3 +23,13 @@ def run(*args: str) -> tuple[int, str, str]:
 
 def fold(text: str) -> str:
     return "\n".join(" ".join(line.split()) for line in text.splitlines())
+
+
+def assert_passes_the_default_suite(reader: str, keep: Path) -> None:
+    """``shardspec conformance --reader READER`` passes the whole default suite (with the
+    optional blake2b checksums) and, having passed, keeps nothing under ``keep``."""
+    result = runner.invoke(app, ["conformance", "--reader", reader, "--keep", str(keep),
+                                 "--implements", "blake2b"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "PASS" in result.output
+    assert not keep.exists()

@@ -15,9 +15,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from shardspec.cli import app
+from command import assert_passes_the_default_suite
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_READER = REPO / "conformance" / "examples" / "node"
@@ -57,10 +56,4 @@ def build() -> Path:
 def test_node_reader_passes_the_whole_default_suite(tmp_path: Path) -> None:
     main = build()
     command = f"{shlex.quote(tool('node'))} {shlex.quote(str(main))}"
-    result = CliRunner().invoke(app, ["conformance", "--reader", command,
-                                      "--keep", str(tmp_path / "kept"),
-                                      "--implements", "blake2b"],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    assert "PASS" in result.output
-    assert not (tmp_path / "kept").exists()
+    assert_passes_the_default_suite(command, tmp_path / "kept")

@@ -17,9 +17,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from shardspec.cli import app
+from command import assert_passes_the_default_suite
 
 REPO = Path(__file__).resolve().parents[2]
 RUST_READER = REPO / "conformance" / "examples" / "rust"
@@ -57,10 +56,4 @@ def test_rust_reader_unit_tests_pass() -> None:
 
 def test_rust_reader_passes_the_whole_default_suite(tmp_path: Path) -> None:
     binary = build()
-    result = CliRunner().invoke(app, ["conformance", "--reader", shlex.quote(str(binary)),
-                                      "--keep", str(tmp_path / "kept"),
-                                      "--implements", "blake2b"],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    assert "PASS" in result.output
-    assert not (tmp_path / "kept").exists()
+    assert_passes_the_default_suite(shlex.quote(str(binary)), tmp_path / "kept")

@@ -198,25 +198,19 @@ def shard_error(tmp_path: Path, states: dict[int, dict[str, torch.Tensor]],
     return info.value
 
 
-def test_sharding_with_a_gap_is_refused_before_writing(tmp_path: Path) -> None:
-    states = {0: {"w": torch.ones(2)}, 1: {"w": torch.ones(1)}}
-    sharding = {0: {"w": Shard((4,), (0,))}, 1: {"w": Shard((4,), (3,))}}
+@pytest.mark.parametrize(("sizes", "offsets", "code"), [
+    ((2, 1), (0, 3), "coverage-gap"),
+    ((3, 2), (0, 2), "coverage-overlap"),
+    ((2, 2), (0, 3), "piece-bounds"),
+], ids=["gap", "overlap", "out_of_bounds"])
+def test_pieces_that_do_not_tile_once_are_refused_before_writing(
+    tmp_path: Path, sizes: tuple[int, int], offsets: tuple[int, int], code: str
+) -> None:
+    """Two ranks' pieces of a 4-element tensor that do not tile it exactly once."""
+    states = {r: {"w": torch.ones(size)} for r, size in enumerate(sizes)}
+    sharding = {r: {"w": Shard((4,), (offset,))} for r, offset in enumerate(offsets)}
     error = shard_error(tmp_path, states, sharding, shardspec.TensorRecordError)
-    assert isinstance(error, shardspec.ShardspecError) and error.code == "coverage-gap"
-
-
-def test_sharding_with_an_overlap_is_refused_before_writing(tmp_path: Path) -> None:
-    states = {0: {"w": torch.ones(3)}, 1: {"w": torch.ones(2)}}
-    sharding = {0: {"w": Shard((4,), (0,))}, 1: {"w": Shard((4,), (2,))}}
-    error = shard_error(tmp_path, states, sharding, shardspec.TensorRecordError)
-    assert isinstance(error, shardspec.ShardspecError) and error.code == "coverage-overlap"
-
-
-def test_piece_out_of_bounds_is_refused_before_writing(tmp_path: Path) -> None:
-    states = {0: {"w": torch.ones(2)}, 1: {"w": torch.ones(2)}}
-    sharding = {0: {"w": Shard((4,), (0,))}, 1: {"w": Shard((4,), (3,))}}
-    error = shard_error(tmp_path, states, sharding, shardspec.TensorRecordError)
-    assert isinstance(error, shardspec.ShardspecError) and error.code == "piece-bounds"
+    assert isinstance(error, shardspec.ShardspecError) and error.code == code
 
 
 def test_disagreeing_global_shapes_are_refused_before_writing(tmp_path: Path) -> None:

@@ -138,6 +138,17 @@ def _quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return out, scale
 
 
+def _quantize_projections(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with each 2-D projection weight block-quantized, its scales beside it."""
+    out = {}
+    for name, tensor in state.items():
+        if name.endswith("_proj.weight") and tensor.dim() == 2:
+            out[name], out[name + "_scale_inv"] = _quantize(tensor)
+        else:
+            out[name] = tensor
+    return out
+
+
 def deepseek_v3(root: Path, *, fp8: bool) -> dict[str, Any]:
     """A DeepSeek-V3-shaped model (MLA, a dense first layer, routed and shared experts); with
     ``fp8`` its projections stored as DeepSeek ships them: F8_E4M3 with 128 x 128 block scales."""
@@ -151,14 +162,8 @@ def deepseek_v3(root: Path, *, fp8: bool) -> dict[str, Any]:
     model = transformers.DeepseekV3ForCausalLM(config).to(torch.bfloat16).eval()
     model.save_pretrained(root, safe_serialization=True)
     if fp8:
-        state = original(root)
-        out = {}
-        for name, tensor in state.items():
-            if name.endswith("_proj.weight") and tensor.dim() == 2:
-                out[name], out[name + "_scale_inv"] = _quantize(tensor)
-            else:
-                out[name] = tensor
-        save_file(out, root / "model.safetensors", metadata={"format": "pt"})
+        save_file(_quantize_projections(original(root)), root / "model.safetensors",
+                  metadata={"format": "pt"})
         data = json.loads((root / "config.json").read_text())
         data["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
                                        "activation_scheme": "dynamic",
@@ -244,12 +249,7 @@ def test_quantize_fp8_on_convert_matches_block_quantization(tmp_path: Path) -> N
                        quantize="fp8")
     assert manifest.quantization.config["weight_block_size"] == [BLOCK, BLOCK]
     assert shardspec.validate(tmp_path / "ckpt", checksums=True).ok
-    quantized = {}
-    for name, tensor in state.items():
-        if name.endswith("_proj.weight") and tensor.dim() == 2:
-            quantized[name], quantized[name + "_scale_inv"] = _quantize(tensor)
-        else:
-            quantized[name] = tensor
+    quantized = _quantize_projections(state)
     assert_ranks(tmp_path / "ckpt", quantized, tp=2, pp=1, ep=2, **shape)
     merge(tmp_path / "ckpt", tmp_path / "merged")
     assert_merged_bytes(tmp_path / "merged", quantized)

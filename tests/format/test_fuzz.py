@@ -735,31 +735,12 @@ def fuzz(base: Base, data: st.DataObject, kinds: Sequence[str]) -> None:
 
 
 @pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize("kind", ["manifest-bytes", "data-bytes", "manifest-fields",
+                                  "header-fields"])
 @fuzz_settings(EXAMPLES)
 @given(data=st.data())
-def test_manifest_byte_mutations(base: Base, data: st.DataObject) -> None:
-    fuzz(base, data, ["manifest-bytes"])
-
-
-@pytest.mark.timeout(TIMEOUT_S)
-@fuzz_settings(EXAMPLES)
-@given(data=st.data())
-def test_data_file_byte_mutations(base: Base, data: st.DataObject) -> None:
-    fuzz(base, data, ["data-bytes"])
-
-
-@pytest.mark.timeout(TIMEOUT_S)
-@fuzz_settings(EXAMPLES)
-@given(data=st.data())
-def test_manifest_field_mutations(base: Base, data: st.DataObject) -> None:
-    fuzz(base, data, ["manifest-fields"])
-
-
-@pytest.mark.timeout(TIMEOUT_S)
-@fuzz_settings(EXAMPLES)
-@given(data=st.data())
-def test_safetensors_header_field_mutations(base: Base, data: st.DataObject) -> None:
-    fuzz(base, data, ["header-fields"])
+def test_mutations_of_one_kind(base: Base, kind: str, data: st.DataObject) -> None:
+    fuzz(base, data, [kind])
 
 
 @pytest.mark.timeout(TIMEOUT_S)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,6 +23,21 @@ def _file(path: Path, size: int, seed: int) -> bytes:
     data = hashlib.shake_256(seed.to_bytes(4, "little")).digest(size) if size else b""
     path.write_bytes(data)
     return data
+
+
+def _read_staged(engine: FakeEngine, path: Path, start: int, size: int, digest: Any,
+                 direct: bool = False, **options: Any) -> torch.Tensor:
+    """``staged_read`` of the ``size`` bytes at ``start`` of ``path`` (named "data"), through
+    an O_DIRECT descriptor as well where ``direct``."""
+    fd = os.open(path, os.O_RDONLY)
+    direct_fd = open_direct(fd) if direct else None
+    try:
+        assert direct_fd is not None or not direct
+        return staged_read(engine, fd, start, size, "data", digest, direct=direct_fd, **options)
+    finally:
+        if direct_fd is not None:
+            os.close(direct_fd)
+        os.close(fd)
 
 
 @given(
@@ -38,12 +55,8 @@ def test_staged_bytes_equal_the_file_whatever_the_chunking(
     data = _file(path, start + size, seed=size * 7 + chunk)
     engine = FakeEngine()
     digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        out = staged_read(engine, fd, start, size, "data", digest, chunk=chunk, depth=depth,
-                          readers=readers)
-    finally:
-        os.close(fd)
+    out = _read_staged(engine, path, start, size, digest, chunk=chunk, depth=depth,
+                       readers=readers)
     assert out.numpy().tobytes() == data[start:]
     assert digest.hexdigest() == hashlib.sha256(data[start:]).hexdigest()
     # pinned memory is bounded by depth x chunk, whatever the size
@@ -58,12 +71,8 @@ def test_a_file_shorter_than_its_header_says_is_an_error_and_copies_are_finished
     path = tmp_path / "data"
     _file(path, 10_000, seed=1)
     engine = FakeEngine()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        with pytest.raises(SafetensorsError) as info:
-            staged_read(engine, fd, 0, 25_000, "data", None, chunk=4096, depth=2)
-    finally:
-        os.close(fd)
+    with pytest.raises(SafetensorsError) as info:
+        _read_staged(engine, path, 0, 25_000, None, chunk=4096, depth=2)
     assert info.value.code == "st-offsets" and info.value.finding.file == "data"
     assert engine.pending == 0 and engine.finished == 1
 
@@ -92,15 +101,8 @@ def test_chunks_read_directly_into_staging_equal_the_file(
     data = _file(path, start + size + tail, seed=size * 5 + start)
     engine = FakeEngine(page_aligned=True)
     digest = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY)
-    direct = open_direct(fd)
-    assert direct is not None
-    try:
-        out = staged_read(engine, fd, start, size, "data", digest, chunk=pages * PAGE_BYTES,
-                          depth=depth, readers=readers, direct=direct)
-    finally:
-        os.close(direct)
-        os.close(fd)
+    out = _read_staged(engine, path, start, size, digest, direct=True,
+                       chunk=pages * PAGE_BYTES, depth=depth, readers=readers)
     assert out.numpy().tobytes() == data[start : start + size]
     assert digest.hexdigest() == hashlib.sha256(data[start : start + size]).hexdigest()
     assert engine.staging_buffers <= depth

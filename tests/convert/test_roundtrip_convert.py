@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 import shardspec
 from checkpoints import raw_bytes
-from hf_helpers import expected_split_dim, llama_tensors, load_hf_dir, write_hf_dir
+from hf_helpers import expected_split_dim, load_hf_dir, write_hf_dir
 from shardspec.convert import convert, merge
 from shardspec.format.stages import assign_stages
+from tiny_llama import TINY_LLAMA_DRAWS, tiny_llama
 
 
 @pytest.mark.filterwarnings("ignore:pipeline stage")  # more stages than layers: announced
@@ -24,17 +25,11 @@ from shardspec.format.stages import assign_stages
 @given(
     tp=st.sampled_from([1, 2, 4]),
     pp=st.integers(1, 3),
-    layers=st.integers(1, 3),
-    tie=st.booleans(),
-    bias=st.booleans(),
-    shards=st.integers(1, 3),
-    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
-    seed=st.integers(0, 2**16),
+    **TINY_LLAMA_DRAWS,
 )
 def test_convert_merge_round_trip(tp: int, pp: int, layers: int, tie: bool, bias: bool,
                                   shards: int, dtype: torch.dtype, seed: int) -> None:
-    tensors = llama_tensors(layers=layers, hidden=8, heads=4, kv_heads=4, intermediate=12,
-                            vocab=16, dtype=dtype, tie=tie, bias=bias, seed=seed)
+    tensors = tiny_llama(layers, dtype, tie, bias, seed)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         src = write_hf_dir(root / "hf", tensors, shards=shards, tie=tie, kv_heads=4)

@@ -23,13 +23,14 @@ from hypothesis import strategies as st
 
 import shardspec
 from checkpoints import raw_bytes
-from hf_helpers import expected_split_dim, llama_tensors, load_hf_dir, write_hf_dir
+from hf_helpers import expected_split_dim, load_hf_dir, write_hf_dir
 from shardspec import Layout
 from shardspec.convert import convert, merge
 from shardspec.format.manifest import Alias, TensorRecord
 from shardspec.format.stages import assign_stages
 from shardspec.reshard import load_resharded, reshard
 from shardspec.reshard.plan import Resharder
+from tiny_llama import TINY_LLAMA_DRAWS, tiny_llama
 
 CPU = torch.device("cpu")
 
@@ -51,21 +52,13 @@ def _assert_bitwise(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
     src_pp=st.integers(1, 2),
     dst_tp=st.sampled_from([1, 2, 4]),
     dst_pp=st.integers(1, 2),
-    layers=st.integers(1, 3),
-    tie=st.booleans(),
-    bias=st.booleans(),
-    shards=st.integers(1, 3),
-    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
-    seed=st.integers(0, 2**16),
+    **TINY_LLAMA_DRAWS,
 )
 def test_convert_reshard_merge_round_trip(
     src_tp: int, src_pp: int, dst_tp: int, dst_pp: int, layers: int, tie: bool, bias: bool,
     shards: int, dtype: torch.dtype, seed: int,
 ) -> None:
-    # every split dim (heads * head_dim = kv_heads * head_dim = 8, intermediate 12, vocab 16)
-    # is divisible by 1, 2 and 4, so every N and K is an even split
-    tensors = llama_tensors(layers=layers, hidden=8, heads=4, kv_heads=4, intermediate=12,
-                            vocab=16, dtype=dtype, tie=tie, bias=bias, seed=seed)
+    tensors = tiny_llama(layers, dtype, tie, bias, seed)  # N and K: even splits
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         src = write_hf_dir(root / "hf", tensors, shards=shards, tie=tie, kv_heads=4)

@@ -177,16 +177,19 @@ def merge_command(
               f"{time.perf_counter() - started:.1f} s")
 
 
+#: The options of both import commands.
+_ReplaceManifestOpt = Annotated[bool, flag("--overwrite", help="Replace an existing manifest.")]
+_JsonSummaryOpt = Annotated[bool, flag("--json", help="Print a JSON summary (errors too).")]
+
+
 @command("import")
 def import_command(
     path: Annotated[str, typer.Argument(
         help="A local directory of per-rank safetensors files: vLLM's save_sharded_state, or "
         "a distributed save of transformers (save_pretrained(..., distributed_checkpoint=True)) "
         "or torch (HuggingFaceStorageWriter).", show_default=False)],
-    overwrite: Annotated[bool, flag("--overwrite",
-                                            help="Replace an existing manifest.")] = False,
-    as_json: Annotated[bool, flag("--json", help="Print a JSON summary (errors too).")
-                       ] = False,
+    overwrite: _ReplaceManifestOpt = False,
+    as_json: _JsonSummaryOpt = False,
 ) -> None:
     """Add a manifest to a directory of per-rank files, whichever kind it is; no data file
     is rewritten."""
@@ -200,10 +203,8 @@ def import_command(
 def import_vllm_command(
     path: Annotated[str, typer.Argument(help="A local directory written by vLLM's "
                                         "save_sharded_state.", show_default=False)],
-    overwrite: Annotated[bool, flag("--overwrite",
-                                            help="Replace an existing manifest.")] = False,
-    as_json: Annotated[bool, flag("--json", help="Print a JSON summary (errors too).")
-                       ] = False,
+    overwrite: _ReplaceManifestOpt = False,
+    as_json: _JsonSummaryOpt = False,
 ) -> None:
     """Add a manifest to a vLLM sharded-state directory; no data file is rewritten (`import`
     recognizes it too)."""

@@ -61,6 +61,7 @@ __all__ = [
     "JsonOpt",
     "PathArg",
     "ProgressLine",
+    "RemoveAdoptedOpt",
     "app",
     "cannot_run",
     "command",
@@ -116,6 +117,12 @@ def flag(name: str, *, help: str) -> Any:  # noqa: A002 - typer's own keyword
 
 JsonOpt = Annotated[bool, flag("--json", help="Print a JSON object instead of text (errors "
                                "too).")]
+
+#: The writing commands' ``--remove-adopted`` (convert, reshard).
+RemoveAdoptedOpt = Annotated[bool, flag(
+    "--remove-adopted", help="With --overwrite: also delete the files of a checkpoint that "
+    "`shardspec import` adopted in place (a save of vLLM, transformers or torch), which "
+    "--overwrite alone refuses to delete.")]
 
 
 #: The width of output that is not a terminal: wide enough that no file or tensor name is cut.

@@ -19,6 +19,7 @@ from ..convert.tp_plan import load_plan_file
 from ..format.json_text import load_json
 from ..format.limits import DEFAULT_MAX_FILE_SIZE, MAX_SIZE
 from .app import (
+    RemoveAdoptedOpt,
     cannot_run,
     command,
     err,
@@ -120,10 +121,7 @@ def convert_command(
         "--untie-embeddings", help="Write a tied LM head as a tensor of its own (the "
         "embedding's bytes twice), as transformers' from_pretrained of a tied model needs; "
         "vLLM then serves it untied. Default: an alias of the embedding.")] = False,
-    remove_adopted: Annotated[bool, flag(
-        "--remove-adopted", help="With --overwrite: also delete the files of a checkpoint that "
-        "`shardspec import` adopted in place (a save of vLLM, transformers or torch), which "
-        "--overwrite alone refuses to delete.")] = False,
+    remove_adopted: RemoveAdoptedOpt = False,
 ) -> None:
     """Convert a Hugging Face checkpoint into a TP x PP x EP shardspec checkpoint, streaming.
 

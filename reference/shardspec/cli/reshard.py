@@ -18,6 +18,7 @@ from ..format.manifest import Layout, Manifest
 from ..storage.remote import is_remote
 from .app import (
     PathArg,
+    RemoveAdoptedOpt,
     cannot_run,
     command,
     flag,
@@ -63,10 +64,7 @@ def reshard_command(
         "a row-parallel tensor split further is fetched as whole rows in a few requests). "
         "0.1 asks at most a tenth more, at a range per row.")
     ] = None,
-    remove_adopted: Annotated[bool, flag(
-        "--remove-adopted", help="With --overwrite: also delete the files of a checkpoint that "
-        "`shardspec import` adopted in place (a save of vLLM, transformers or torch), which "
-        "--overwrite alone refuses to delete.")] = False,
+    remove_adopted: RemoveAdoptedOpt = False,
 ) -> None:
     """Write SOURCE again at DESTINATION with another tp_size, pp_size or ep_size (SPEC 11.3).
 

@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -109,15 +110,17 @@ def _expected(tensors: dict[str, torch.Tensor], tp: int, rank: int) -> dict[str,
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(ckpt_tp=st.sampled_from([1, 2, 4]), engine_tp=st.sampled_from([1, 2, 4]),
-       split_o_by_rows=st.booleans(), data=st.data())
+       split_o_by_rows=st.booleans(), block_bytes=st.sampled_from([1, 40, 96, 1 << 21]),
+       data=st.data())
 def test_a_replayed_plan_places_every_byte_as_load_weights_does(
         tmp_path_factory: pytest.TempPathFactory, ckpt_tp: int, engine_tp: int,
-        split_o_by_rows: bool, data: st.DataObject) -> None:
-    """Whatever the checkpoint's layout (pieces split along either dimension), a worker whose
-    parameters were poisoned with NaN holds, after the replay, exactly what its own loader
-    makes of the global tensors."""
+        split_o_by_rows: bool, block_bytes: int, data: st.DataObject) -> None:
+    """Whatever the checkpoint's layout (pieces split along either dimension) and however
+    strided runs are cut in blocks of the target (a row a block, blocks that end mid-row, the
+    whole target), a worker whose parameters were poisoned with NaN holds, after the replay,
+    exactly what its own loader makes of the global tensors."""
     rank = data.draw(st.integers(0, engine_tp - 1))
     tensors = _tensors()
     ckpt = _save(tmp_path_factory.mktemp("ckpt"), tensors, ckpt_tp,
@@ -126,9 +129,39 @@ def test_a_replayed_plan_places_every_byte_as_load_weights_does(
     recording = record(model.load_weights, _stand_ins(tensors), _targets(model))
     plan = lower(recording, ckpt.manifest, _targets(model))
     assert not plan.fallback
-    replay(ckpt.path, ckpt.manifest, plan, _targets(model), poison=True)  # type: ignore[arg-type]
+    with mock.patch.object(replay_module, "BLOCK_BYTES", block_bytes):
+        replay(ckpt.path, ckpt.manifest, plan, _targets(model), poison=True)  # type: ignore[arg-type]
     for name, want in _expected(tensors, engine_tp, rank).items():
         assert torch.equal(getattr(model, name), want), name
+
+
+def test_strided_runs_from_several_files_are_read_a_block_of_the_target_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row-parallel weight from four files at TP 1: each block of its rows is read from every
+    file in turn before the next block begins, so the block is still in the processor's cache
+    when the last file's runs land (``BLOCK_BYTES``), bit-exact."""
+    tensors = _tensors()
+    ckpt = _save(tmp_path / "ckpt", tensors, 4, SPLIT)  # o: a quarter of every row a file
+    model = Toy(1, 0)
+    plan = lower(record(model.load_weights, _stand_ins(tensors), _targets(model)),
+                 ckpt.manifest, _targets(model))
+    calls: list[tuple[int, int]] = []  # (the target's first byte, its file) in call order
+    real = replay_module.pread_runs
+
+    def spy(fd: int, target: Any, dst: int, *args: Any) -> int:
+        if target.ctypes.data == model.o.data_ptr():
+            calls.append((dst, fd))
+        return real(fd, target, dst, *args)
+
+    monkeypatch.setattr(replay_module, "pread_runs", spy)
+    monkeypatch.setattr(replay_module, "REPLAY_THREADS", 1)  # the calls in one order
+    row = 2 * HIDDEN
+    monkeypatch.setattr(replay_module, "BLOCK_BYTES", 3 * row)  # blocks of 3 rows; 16 = 5*3+1
+    replay(ckpt.path, ckpt.manifest, plan, _targets(model), poison=True)  # type: ignore[arg-type]
+    assert torch.equal(model.o, tensors["o"])
+    blocks = [dst // (3 * row) for dst, _ in calls]
+    assert blocks == sorted(blocks) and len(calls) == 6 * 4  # block-major, four files a block
+    assert all(len({fd for dst, fd in calls if dst // (3 * row) == b}) == 4 for b in range(6))
 
 
 def test_recording_writes_nothing_into_the_model(tmp_path: Path) -> None:

@@ -21,8 +21,13 @@ disk and the other tenants of the disk. Where ``direct`` varies as much as ``col
 spread of cold loads comes from there, and no loader can remove it; the ratio of
 ``cold-fadvise`` to ``direct`` is what the guest's page cache adds.
 
+``--never-read FILE ...`` adds ``first-read``: each of those files (large ones this machine has
+not read since it started, such as a disk image's own files) read once with ``O_DIRECT``. A
+file the benchmark just wrote may still be in the host's cache however it is evicted here; a
+file nobody read since boot comes from the storage below it, what a truly cold load meets.
+
     PYTHONPATH=reference python benchmarks/load/bench_cold.py [--size-gib 1.5] [--repeats 9]
-        [--workdir DIR] [--json OUT]
+        [--never-read FILE ...] [--workdir DIR] [--json OUT]
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from harness.synthetic import bench_workdir  # noqa: E402
 
 REQUEST = 16 << 20
 WAYS = ("cold-fadvise", "cold-drop", "direct", "warm", "fresh-memory")
+BLOCK = 4096  # O_DIRECT's alignment
 
 
 def read_whole(path: Path, buffer: mmap.mmap, flags: int = 0) -> None:
@@ -62,6 +68,28 @@ def read_whole(path: Path, buffer: mmap.mmap, flags: int = 0) -> None:
     finally:
         view.release()
         os.close(fd)
+
+
+def first_reads(paths: list[Path]) -> list[tuple[Path, int, float]]:
+    """Each of ``paths`` read once with ``O_DIRECT``: (path, bytes, seconds)."""
+    out = []
+    for path in paths:
+        size = path.stat().st_size // BLOCK * BLOCK  # a direct read ends on a block
+        buffer = mmap.mmap(-1, max(size, BLOCK))
+        for page in range(0, size, mmap.PAGESIZE):
+            buffer[page] = 1
+        view = memoryview(buffer)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        try:
+            start = time.perf_counter()
+            for offset in range(0, size, REQUEST):
+                os.preadv(fd, [view[offset : min(offset + REQUEST, size)]], offset)
+            out.append((path, size, time.perf_counter() - start))
+        finally:
+            os.close(fd)
+            view.release()
+            buffer.close()
+    return out
 
 
 def fault_in(size: int) -> None:
@@ -110,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=None,
                     help="an empty directory for the file (default: a temp dir under "
                     "benchmarks/out, removed afterwards)")
+    ap.add_argument("--never-read", type=Path, nargs="*", default=[],
+                    help="files not read since boot, each read once with O_DIRECT")
     ap.add_argument("--json", type=Path, default=None, help="write all results to this file")
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.size_gib <= 0:
@@ -121,12 +151,17 @@ def main(argv: list[str] | None = None) -> int:
             for offset in range(0, size, REQUEST):
                 f.write(os.urandom(min(REQUEST, size - offset)))
         fsync_path(path)
+        firsts = first_reads(args.never_read)  # first: nothing of ours in the caches yet
         times, resident = measure(path, args.repeats)
         info = machine_info(workdir, torch.device("cpu"))
     report(info, size, args.repeats, times, resident)
+    for first, nbytes, seconds in firsts:
+        print(f"| first-read {first.name[:40]} ({nbytes / GiB:.2f} GiB) | {seconds:.2f} | | | "
+              f"{nbytes / seconds / 1e9:.2f} | |")
     if args.json:
-        args.json.write_text(json.dumps({"machine": info, "size": size, "times_s": times,
-                                         "resident": resident}, indent=1))
+        args.json.write_text(json.dumps({
+            "machine": info, "size": size, "times_s": times, "resident": resident,
+            "first_reads": [[str(p), n, t] for p, n, t in firsts]}, indent=1))
     return 0
 
 

@@ -32,6 +32,7 @@ from shardspec.integrations.vllm.placements import PlacementPlan, Read, lower
 from shardspec.integrations.vllm.plan_cache import load_plan, plan_key, store_plan
 from shardspec.integrations.vllm.recorder import RecordingFailed, StandIn, record
 from shardspec.integrations.vllm.replay import replay
+from shardspec.load.reads import open_direct
 
 HIDDEN, KV, VOCAB, PADDED = 16, 8, 30, 32
 SPLIT = {"q": 0, "k": 0, "v": 0, "o": 1, "emb": 0, "norm": None}
@@ -135,13 +136,19 @@ def test_a_replayed_plan_places_every_byte_as_load_weights_does(
         assert torch.equal(getattr(model, name), want), name
 
 
+@pytest.mark.parametrize("cold", [False, True])
 def test_strided_runs_from_several_files_are_read_a_block_of_the_target_at_a_time(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A row-parallel weight from four files at TP 1: each block of its rows is read from every
-    file in turn before the next block begins, so the block is still in the processor's cache
-    when the last file's runs land (``BLOCK_BYTES``), bit-exact."""
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cold: bool) -> None:
+    """A row-parallel weight from four files at TP 1, warm: each block of its rows is read from
+    every file in turn before the next block begins, so the block is still in the processor's
+    cache when the last file's runs land (``BLOCK_BYTES``). Cold: file after file, each in its
+    own order, as readahead likes. Bit-exact either way."""
     tensors = _tensors()
     ckpt = _save(tmp_path / "ckpt", tensors, 4, SPLIT)  # o: a quarter of every row a file
+    if cold:  # taken as cold: files this small share their header's page, always cached
+        monkeypatch.setattr(replay_module, "direct_descriptor",
+                            lambda fd, position, count: open_direct(fd))
+        monkeypatch.setattr(replay_module, "DIRECT_IN_FLIGHT", 1)  # the calls in one order
     model = Toy(1, 0)
     plan = lower(record(model.load_weights, _stand_ins(tensors), _targets(model)),
                  ckpt.manifest, _targets(model))
@@ -160,8 +167,13 @@ def test_strided_runs_from_several_files_are_read_a_block_of_the_target_at_a_tim
     replay(ckpt.path, ckpt.manifest, plan, _targets(model), poison=True)  # type: ignore[arg-type]
     assert torch.equal(model.o, tensors["o"])
     blocks = [dst // (3 * row) for dst, _ in calls]
-    assert blocks == sorted(blocks) and len(calls) == 6 * 4  # block-major, four files a block
-    assert all(len({fd for dst, fd in calls if dst // (3 * row) == b}) == 4 for b in range(6))
+    files = [fd for _, fd in calls]
+    assert len(calls) == 6 * 4 and len(set(files)) == 4
+    if cold:  # file-major: each file's six blocks in a row
+        assert all(len(set(files[i : i + 6])) == 1 for i in range(0, 24, 6))
+    else:  # block-major: four files a block
+        assert blocks == sorted(blocks)
+        assert all(len({fd for dst, fd in calls if dst // (3 * row) == b}) == 4 for b in range(6))
 
 
 def test_recording_writes_nothing_into_the_model(tmp_path: Path) -> None:

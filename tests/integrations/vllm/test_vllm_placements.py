@@ -114,14 +114,15 @@ def _expected(tensors: dict[str, torch.Tensor], tp: int, rank: int) -> dict[str,
 @settings(max_examples=30, deadline=None)
 @given(ckpt_tp=st.sampled_from([1, 2, 4]), engine_tp=st.sampled_from([1, 2, 4]),
        split_o_by_rows=st.booleans(), block_bytes=st.sampled_from([1, 40, 96, 1 << 21]),
-       data=st.data())
+       cold=st.booleans(), data=st.data())
 def test_a_replayed_plan_places_every_byte_as_load_weights_does(
         tmp_path_factory: pytest.TempPathFactory, ckpt_tp: int, engine_tp: int,
-        split_o_by_rows: bool, block_bytes: int, data: st.DataObject) -> None:
-    """Whatever the checkpoint's layout (pieces split along either dimension) and however
-    strided runs are cut in blocks of the target (a row a block, blocks that end mid-row, the
-    whole target), a worker whose parameters were poisoned with NaN holds, after the replay,
-    exactly what its own loader makes of the global tensors."""
+        split_o_by_rows: bool, block_bytes: int, cold: bool, data: st.DataObject) -> None:
+    """Whatever the checkpoint's layout (pieces split along either dimension), however strided
+    runs are cut in blocks of the target (a row a block, blocks that end mid-row, the whole
+    target), and whether the files are read through the page cache or around it (cold), a
+    worker whose parameters were poisoned with NaN holds, after the replay, exactly what its
+    own loader makes of the global tensors."""
     rank = data.draw(st.integers(0, engine_tp - 1))
     tensors = _tensors()
     ckpt = _save(tmp_path_factory.mktemp("ckpt"), tensors, ckpt_tp,
@@ -130,7 +131,9 @@ def test_a_replayed_plan_places_every_byte_as_load_weights_does(
     recording = record(model.load_weights, _stand_ins(tensors), _targets(model))
     plan = lower(recording, ckpt.manifest, _targets(model))
     assert not plan.fallback
-    with mock.patch.object(replay_module, "BLOCK_BYTES", block_bytes):
+    direct = (lambda fd, position, count: open_direct(fd)) if cold else (lambda *_: None)
+    with mock.patch.object(replay_module, "BLOCK_BYTES", block_bytes), \
+            mock.patch.object(replay_module, "direct_descriptor", direct):
         replay(ckpt.path, ckpt.manifest, plan, _targets(model), poison=True)  # type: ignore[arg-type]
     for name, want in _expected(tensors, engine_tp, rank).items():
         assert torch.equal(getattr(model, name), want), name
@@ -139,41 +142,52 @@ def test_a_replayed_plan_places_every_byte_as_load_weights_does(
 @pytest.mark.parametrize("cold", [False, True])
 def test_strided_runs_from_several_files_are_read_a_block_of_the_target_at_a_time(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cold: bool) -> None:
-    """A row-parallel weight from four files at TP 1, warm: each block of its rows is read from
-    every file in turn before the next block begins, so the block is still in the processor's
-    cache when the last file's runs land (``BLOCK_BYTES``). Cold: file after file, each in its
-    own order, as readahead likes. Bit-exact either way."""
+    """A row-parallel weight from four files at TP 1: each block of its rows is read from every
+    file in turn before the next block begins, so the block is still in the processor's cache
+    when the last file's runs land (``BLOCK_BYTES``). Cold, each file's span of the block is
+    read around the page cache and its runs copied out of the buffer. Bit-exact either way."""
     tensors = _tensors()
     ckpt = _save(tmp_path / "ckpt", tensors, 4, SPLIT)  # o: a quarter of every row a file
-    if cold:  # taken as cold: files this small share their header's page, always cached
-        monkeypatch.setattr(replay_module, "direct_descriptor",
-                            lambda fd, position, count: open_direct(fd))
-        monkeypatch.setattr(replay_module, "DIRECT_IN_FLIGHT", 1)  # the calls in one order
     model = Toy(1, 0)
     plan = lower(record(model.load_weights, _stand_ins(tensors), _targets(model)),
                  ckpt.manifest, _targets(model))
     calls: list[tuple[int, int]] = []  # (the target's first byte, its file) in call order
-    real = replay_module.pread_runs
+    if cold:  # taken as cold: files this small share their header's page, always cached
+        monkeypatch.setattr(replay_module, "direct_descriptor",
+                            lambda fd, position, count: open_direct(fd))
+        monkeypatch.setattr(replay_module, "DIRECT_IN_FLIGHT", 1)  # the calls in one order
+        read_from: list[int] = []
+        real_read, real_strided = replay_module.pread_direct_span, replay_module._strided
 
-    def spy(fd: int, target: Any, dst: int, *args: Any) -> int:
-        if target.ctypes.data == model.o.data_ptr():
-            calls.append((dst, fd))
-        return real(fd, target, dst, *args)
+        def read_spy(direct: int, fd: int, *args: Any) -> int:
+            read_from[:] = [fd]
+            return real_read(direct, fd, *args)
 
-    monkeypatch.setattr(replay_module, "pread_runs", spy)
-    monkeypatch.setattr(replay_module, "REPLAY_THREADS", 1)  # the calls in one order
+        def copy_spy(array: Any, at: int, *args: Any) -> Any:
+            if array.ctypes.data == model.o.data_ptr():
+                calls.append((at, read_from[0]))
+            return real_strided(array, at, *args)
+
+        monkeypatch.setattr(replay_module, "pread_direct_span", read_spy)
+        monkeypatch.setattr(replay_module, "_strided", copy_spy)
+    else:
+        real = replay_module.pread_runs
+
+        def spy(fd: int, target: Any, dst: int, *args: Any) -> int:
+            if target.ctypes.data == model.o.data_ptr():
+                calls.append((dst, fd))
+            return real(fd, target, dst, *args)
+
+        monkeypatch.setattr(replay_module, "pread_runs", spy)
+        monkeypatch.setattr(replay_module, "REPLAY_THREADS", 1)  # the calls in one order
     row = 2 * HIDDEN
     monkeypatch.setattr(replay_module, "BLOCK_BYTES", 3 * row)  # blocks of 3 rows; 16 = 5*3+1
     replay(ckpt.path, ckpt.manifest, plan, _targets(model), poison=True)  # type: ignore[arg-type]
     assert torch.equal(model.o, tensors["o"])
     blocks = [dst // (3 * row) for dst, _ in calls]
-    files = [fd for _, fd in calls]
-    assert len(calls) == 6 * 4 and len(set(files)) == 4
-    if cold:  # file-major: each file's six blocks in a row
-        assert all(len(set(files[i : i + 6])) == 1 for i in range(0, 24, 6))
-    else:  # block-major: four files a block
-        assert blocks == sorted(blocks)
-        assert all(len({fd for dst, fd in calls if dst // (3 * row) == b}) == 4 for b in range(6))
+    assert len(calls) == 6 * 4 and len({fd for _, fd in calls}) == 4
+    assert blocks == sorted(blocks)  # block-major: four files a block
+    assert all(len({fd for dst, fd in calls if dst // (3 * row) == b}) == 4 for b in range(6))
 
 
 def test_recording_writes_nothing_into_the_model(tmp_path: Path) -> None:
@@ -329,6 +343,51 @@ def test_a_cold_file_is_read_around_the_page_cache_and_a_warm_one_through_it(
     replay(ckpt.path, ckpt.manifest, plan, _targets(model), poison=True)  # type: ignore[arg-type]
     assert torch.equal(model.w, tensors["w"][1536:]) and torch.equal(model.b, tensors["b"])
     assert sorted(direct_runs) == ([2048, 1536 * 2048 * 2] if cold else [])
+
+
+class RightHalf(nn.Module):
+    """Worker 1 of 2 holding the right half of every row of a row-parallel weight (4 KiB rows
+    in the file: a 2 KiB run, then a 2 KiB gap)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.empty(48, 1024, dtype=torch.bfloat16), False)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        for _, w in weights:
+            self.w.data.copy_(w.narrow(1, 1024, 1024))
+        return {"w"}
+
+
+@pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="direct I/O is Linux's")
+def test_a_cold_files_strided_runs_are_read_whole_rows_at_a_time_gaps_included(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cold, strided runs less than a page apart are read around the page cache, gaps
+    included, in direct reads no larger than a thread's buffer, each of whole rows and starting
+    on a page though the tensor does not; then copied out, bit-exact."""
+    torch.manual_seed(2)
+    tensors = {"w": torch.randn(48, 2048).to(torch.bfloat16)}
+    ckpt = _save(tmp_path / "ckpt", tensors, 1, {"w": None})
+    monkeypatch.setattr(replay_module, "direct_descriptor",
+                        lambda fd, position, count: open_direct(fd))
+    monkeypatch.setattr(replay_module, "DIRECT_CHUNK_BYTES", 3 * 4096)  # two rows a read
+    reads: list[tuple[int, int, int]] = []  # (position, bytes wanted, bytes asked)
+    real = replay_module.pread_direct_span
+
+    def spy(direct: int, fd: int, view: memoryview, position: int, want: int, path: str) -> int:
+        reads.append((position, want, len(view)))
+        return real(direct, fd, view, position, want, path)
+
+    monkeypatch.setattr(replay_module, "pread_direct_span", spy)
+    model = RightHalf()
+    plan = lower(record(model.load_weights, _stand_ins(tensors), _targets(model)),
+                 ckpt.manifest, _targets(model))
+    (read,) = plan.reads
+    assert (read.length, read.src_stride, read.count) == (2048, 4096, 48)
+    replay(ckpt.path, ckpt.manifest, plan, _targets(model), poison=True)  # type: ignore[arg-type]
+    assert torch.equal(model.w, tensors["w"][:, 1024:])
+    assert len(reads) == 24 and all(p % 4096 == 0 and n <= 3 * 4096 for p, _, n in reads)
+    assert sorted(p for p, _, _ in reads) == [p for p, _, _ in reads]
 
 
 class _ConvertedScale(nn.Module):

@@ -16,11 +16,13 @@ goes from the file straight into the target's storage with ``preadv``, several a
 Each call first faults in the target's pages it fills, in one ``madvise``: vLLM's parameters
 are untouched memory, and faults taken inside the kernel's copy cost more.
 
-A file the page cache mostly does not hold (cold) has its contiguous runs read around the
-cache (``O_DIRECT``, :data:`DIRECT_IN_FLIGHT` requests at once) into small page-aligned buffers,
-one a thread and reused, and copied from there into the target: a direct read cannot land in a
-parameter that does not start on a page, and the buffer stays in the processor's cache, where a
-read through the page cache would first fill the cache from the device and then copy out of it.
+A file the page cache mostly does not hold (cold) is read around the cache (``O_DIRECT``,
+:data:`DIRECT_IN_FLIGHT` requests at once) into small page-aligned buffers, one a thread and
+reused, and copied from there into the target: a direct read cannot land in a parameter that
+does not start on a page, and the buffer stays in the processor's cache, where a read through
+the page cache would first fill the cache from the device and then copy out of it. Strided
+runs too, a block of the target at a time: each cold file's span of the block's rows is read
+whole, gaps included, and its runs copied out of the buffer into the block.
 
 Targets on another device (CUDA) are filled in host memory and copied over once each.
 """
@@ -171,12 +173,12 @@ def _add_runs(path: str, reads: list[Read], sinks: dict[str, _Sink], header: Hea
 def _replay_local(root: Path, by_file: dict[str, list[Read]], file_plans: dict[str, FilePlan],
                   sinks: dict[str, _Sink], verify: bool, stats: ReadStats | None) -> None:
     """Every file the worker reads is opened and checked first, and stays open to the end: a
-    target's strided runs from several files the page cache holds (a row-parallel weight
-    resharded: a part of every row from each) are read a block of the target at a time, from
-    each file in turn, while the block's just faulted-in pages are in the processor's cache
-    (:func:`_block_jobs`). A cold file's strided runs are read in the file's order instead,
-    with its other reads: in vLLM at TP 1 from a TP-4 checkpoint, cold, blocks across files
-    took 1.48 s against 1.25 s (medians of 3, ``benchmarks/README.md``)."""
+    target's strided runs from several files (a row-parallel weight resharded: a part of every
+    row from each) are read a block of the target at a time, from each file in turn, while the
+    block's just faulted-in pages are in the processor's cache (:func:`_block_jobs`); from cold
+    files by direct reads of each file's span of the block (:func:`_direct_block`): through
+    the page cache, many threads' reads of a few hundred KiB apart defeat its readahead (in
+    vLLM at TP 1 from a TP-4 checkpoint, cold: 1.41 s, against 1.23 s at the own layout)."""
     with ExitStack() as stack, \
             ThreadPoolExecutor(REPLAY_THREADS, thread_name_prefix="shardspec-replay") as pool, \
             ThreadPoolExecutor(DIRECT_IN_FLIGHT, thread_name_prefix="shardspec-direct") as device:
@@ -184,6 +186,7 @@ def _replay_local(root: Path, by_file: dict[str, list[Read]], file_plans: dict[s
                  for path, reads in sorted(by_file.items())]
         futures = []
         strided: dict[str, list[tuple[_File, Read]]] = {}
+        cold_strided: dict[str, list[tuple[_File, Read]]] = {}
         for file in files:
             runner = pool if file.direct is None else device
             for read in file.reads:
@@ -193,11 +196,16 @@ def _replay_local(root: Path, by_file: dict[str, list[Read]], file_plans: dict[s
                 _check_bounds(file.path, file.header, read, sinks[read.target])
                 if file.direct is None:
                     strided.setdefault(read.target, []).append((file, read))
-                else:  # cold: in the file's order, as readahead likes
+                elif _scatters(read):
+                    cold_strided.setdefault(read.target, []).append((file, read))
+                else:  # runs far apart in a cold file: in the file's order, as readahead likes
                     futures += [device.submit(job)
                                 for job in _block_jobs(sinks[read.target], [(file, read)])]
         for target, reads in strided.items():
             futures += [pool.submit(job) for job in _block_jobs(sinks[target], reads)]
+        for target, reads in cold_strided.items():
+            futures += [device.submit(job)
+                        for job in _block_jobs(sinks[target], reads, direct=True)]
         calls = sum(future.result() for future in futures)
     if stats is not None:
         for file in files:
@@ -318,16 +326,21 @@ def _jobs(file: _File, read: Read, sink: _Sink) -> list[Callable[[], int]]:
             for a in range(0, total, SPAN_BYTES)]
 
 
-def _block_jobs(sink: _Sink, reads: list[tuple[_File, Read]]) -> list[Callable[[], int]]:
+def _block_jobs(sink: _Sink, reads: list[tuple[_File, Read]], *, direct: bool = False
+                ) -> list[Callable[[], int]]:
     """Jobs that fill one target's strided runs (from one file or several), each a block of
     about :data:`BLOCK_BYTES` of the target: its pages faulted in, then every read's runs that
-    start inside it. File after file instead, each block would be written once per file, long
-    after its pages were zeroed, out of the processor's cache (a 128 MiB weight from 4 files,
-    warm: 85 ms, against 58 ms a block at a time and 51 ms read whole from one file)."""
+    start inside it (``direct``: read around the page cache, :func:`_direct_block`). File
+    after file instead, each block would be written once per file, long after its pages were
+    zeroed, out of the processor's cache (a 128 MiB weight from 4 files, warm: 85 ms, against
+    58 ms a block at a time and 51 ms read whole from one file)."""
     lo = min(read.dst for _, read in reads)
     hi = max(read.dst_end for _, read in reads)
     step = max(1, min(ROWS_PER_CALL, BLOCK_BYTES // max(read.dst_stride for _, read in reads)))
     block = step * max(read.dst_stride for _, read in reads)
+    if direct:
+        return [functools.partial(_direct_block, sink, reads, start, min(start + block, hi))
+                for start in range(lo, hi, block)]
     # the bytes between two runs of a file, never looked at; farther apart than a page, a call
     # a run
     scratch = {id(read): np.empty(read.src_stride - read.length, dtype=np.uint8)
@@ -343,8 +356,7 @@ def _block(sink: _Sink, reads: list[tuple[_File, Read]], scratch: dict[int, np.n
     calls = 0
     prefault(sink.address + lo, hi - lo)
     for file, read in reads:
-        first = max(0, -(-(lo - read.dst) // read.dst_stride))
-        end = min(read.count, -(-(hi - read.dst) // read.dst_stride))
+        first, end = _rows_in(read, lo, hi)
         if end <= first:
             continue
         base = file.header.data_start + file.header.entries[read.tensor].begin + read.src
@@ -353,6 +365,52 @@ def _block(sink: _Sink, reads: list[tuple[_File, Read]], scratch: dict[int, np.n
                             base + first * read.src_stride, read.src_stride, file.path,
                             scratch.get(id(read)))
     return calls
+
+
+def _scatters(read: Read) -> bool:
+    """Whether a cold file's strided read goes through :func:`_direct_block`: its runs less
+    than a page apart (no page read holds no wanted byte, as with :data:`GAP_BYTES`), and a
+    run with its gap fits a thread's buffer with a page to spare (the read starts on one)."""
+    return 0 < read.length <= read.src_stride < read.length + GAP_BYTES \
+        and read.src_stride <= DIRECT_CHUNK_BYTES - PAGE_BYTES
+
+
+def _direct_block(sink: _Sink, reads: list[tuple[_File, Read]], lo: int, hi: int) -> int:
+    """A cold job: the runs of ``reads`` that start in bytes ``[lo, hi)`` of the target, the
+    pages they fill faulted in first; each file's span of them read whole, gaps included, by
+    direct reads of at most :data:`DIRECT_CHUNK_BYTES` into this thread's buffer, and its runs
+    copied from there into the block while both are in the processor's cache."""
+    calls = 0
+    prefault(sink.address + lo, hi - lo)
+    buffer = _bounce_buffer()
+    view = memoryview(buffer)  # type: ignore[arg-type]
+    for file, read in reads:
+        assert file.direct is not None
+        first, end = _rows_in(read, lo, hi)
+        base = file.header.data_start + file.header.entries[read.tensor].begin + read.src
+        per_read = (DIRECT_CHUNK_BYTES - PAGE_BYTES) // read.src_stride
+        for row in range(first, end, per_read):
+            rows = min(per_read, end - row)
+            start = base + row * read.src_stride
+            aligned = start - start % PAGE_BYTES
+            want = start - aligned + (rows - 1) * read.src_stride + read.length
+            calls += pread_direct_span(file.direct, file.fd, view[: whole_pages(want)], aligned,
+                                       want, file.path)
+            np.copyto(_strided(sink.array, read.dst + row * read.dst_stride, read.dst_stride,
+                               read.length, rows),
+                      _strided(buffer, start - aligned, read.src_stride, read.length, rows))
+    return calls
+
+
+def _rows_in(read: Read, lo: int, hi: int) -> tuple[int, int]:
+    """The runs of ``read`` (first, end) that start in bytes ``[lo, hi)`` of its target."""
+    first = max(0, -(-(lo - read.dst) // read.dst_stride))
+    return first, max(first, min(read.count, -(-(hi - read.dst) // read.dst_stride)))
+
+
+def _strided(array: np.ndarray, at: int, stride: int, length: int, rows: int) -> np.ndarray:
+    """``rows`` runs of ``length`` bytes of ``array``, ``stride`` apart from byte ``at``."""
+    return np.lib.stride_tricks.as_strided(array[at:], (rows, length), (stride, 1))
 
 
 def _check_bounds(path: str, header: Header, read: Read, sink: _Sink) -> None:
@@ -394,7 +452,7 @@ _local = threading.local()
 def _bounce_buffer() -> np.ndarray:
     """This thread's page-aligned buffer of DIRECT_CHUNK_BYTES, faulted in once and reused."""
     buffer: np.ndarray | None = getattr(_local, "buffer", None)
-    if buffer is None:
+    if buffer is None or buffer.size != DIRECT_CHUNK_BYTES:
         buffer = _local.buffer = fresh_buffer(DIRECT_CHUNK_BYTES, page_aligned=True).numpy()
     return buffer
 

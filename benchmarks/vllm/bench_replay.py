@@ -96,10 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     sizes: dict[str, int] = {}
     for read in plans["own"].reads:
         sizes[read.target] = max(sizes.get(read.target, 0), read.dst_end)
+    every_way = ways(plans)
     times: dict[str, list[float]] = {}
     for cache in args.cache.split(","):
         for _ in range(args.repeats):
-            for way, (name, plan) in ways(plans).items():
+            for way, (name, plan) in every_way.items():
                 targets = {t: torch.empty(n, dtype=torch.uint8) for t, n in sizes.items()}
                 if cache == "cold":
                     evict(files)

@@ -176,9 +176,10 @@ def _replay_local(root: Path, by_file: dict[str, list[Read]], file_plans: dict[s
     target's strided runs from several files (a row-parallel weight resharded: a part of every
     row from each) are read a block of the target at a time, from each file in turn, while the
     block's just faulted-in pages are in the processor's cache (:func:`_block_jobs`); from cold
-    files by direct reads of each file's span of the block (:func:`_direct_block`): through
-    the page cache, many threads' reads of a few hundred KiB apart defeat its readahead (in
-    vLLM at TP 1 from a TP-4 checkpoint, cold: 1.41 s, against 1.23 s at the own layout)."""
+    files by direct reads of each file's span of the block (:func:`_direct_block`). Through
+    the page cache, in each file's order, they were slower (in vLLM at TP 1 from a TP-4
+    checkpoint, cold: 1.41 s against 1.23 s at the own layout, medians of 5; the replay alone
+    on one core: 1.08x the own layout, now 1.00x, ``benchmarks/README.md``)."""
     with ExitStack() as stack, \
             ThreadPoolExecutor(REPLAY_THREADS, thread_name_prefix="shardspec-replay") as pool, \
             ThreadPoolExecutor(DIRECT_IN_FLIGHT, thread_name_prefix="shardspec-direct") as device:
